@@ -1,0 +1,145 @@
+// moekit/moe.hpp — the public host API of one MoE layer's forward pass.
+//
+// Pipeline (DESIGN.md "Stages"): route -> align -> expert_up -> expert_down -> combine.
+// A MoeShape and the device's DeviceInfo go to plan_forward(), the one config chooser; the
+// ForwardPlan it returns fixes the tile configs and the workspace layout. Every stage entry
+// validates its arguments (moekit::Error names the argument) and enqueues on the caller's
+// stream: no allocation, no host synchronisation, safe to capture in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moekit/tensor.hpp"
+
+namespace moekit {
+
+// T tokens of hidden size H; E experts of intermediate size F; top-k routing.
+struct MoeShape {
+  int64_t tokens = 0;   // T
+  int64_t hidden = 0;   // H
+  int64_t inter = 0;    // F
+  int64_t experts = 0;  // E
+  int64_t topk = 0;     // k
+  int64_t assignments() const { return tokens * topk; }
+};
+
+// Limits the router's kernels are built for (issue 2 asks for at least E 512 and k 16).
+inline constexpr int64_t kMaxExperts = 512;
+inline constexpr int64_t kMaxTopk = 16;
+
+enum class Scoring : int { softmax, sigmoid };
+
+struct RouterOptions {
+  Scoring scoring = Scoring::softmax;
+  bool renormalize = false;            // divide the k weights by their sum
+  int64_t n_group = 0;                 // grouped top-k (DeepSeek-V3); 0 = off
+  int64_t topk_group = 0;              // groups kept when n_group > 0
+  float routed_scaling_factor = 1.0f;  // multiplies the final weights
+};
+
+// What the config chooser needs to know of the GPU; read from the device, never hard-coded.
+struct DeviceInfo {
+  std::string name;
+  int sm_count = 0;
+  int cc_major = 0, cc_minor = 0;
+  int64_t smem_per_block_optin = 0;  // bytes
+  int64_t l2_bytes = 0;
+};
+DeviceInfo query_device(int device = -1);  // -1: the current device
+
+// One expert-GEMM tile configuration (an instance the library compiles; see src/gemm/configs.hpp).
+struct GemmConfig {
+  int block_m = 0, block_n = 0, block_k = 0;
+  int warps_m = 0, warps_n = 0, stages = 0;
+  int threads() const { return 32 * warps_m * warps_n; }
+  std::string str() const;
+  bool operator==(const GemmConfig&) const = default;
+};
+
+// The plan of one forward pass: tile configs and every buffer's size.
+struct ForwardPlan {
+  MoeShape shape;
+  int block_m = 0;       // rows per tile in the aligned layout; both GEMMs use it
+  GemmConfig up, down;
+  int64_t max_rows = 0;    // T*k + E*(block_m-1): worst-case padded rows
+  int64_t max_blocks = 0;  // max_rows / block_m
+  std::string str() const;
+};
+
+// Validates the shape (clear errors) and picks the configs for it on this device.
+ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device);
+// As plan_forward, but with the tile configs given (tuning, tests); they must be compiled ones.
+ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down);
+// The tile configs the library compiles; plan_forward picks among these.
+const std::vector<GemmConfig>& compiled_gemm_configs();
+
+// Workspace: one caller-owned device buffer, carved into the intermediate tensors.
+struct Workspace {
+  Tensor topk_ids;         // [T, k] i32
+  Tensor topk_weights;     // [T, k] f32
+  Tensor sorted_ids;       // [max_rows] i32: assignment a = t*k+j, or T*k on padding rows
+  Tensor block_expert;     // [max_blocks] i32: expert of each block_m-row block; -1 past the end
+  Tensor num_rows_padded;  // [1] i32: rows actually used (a multiple of block_m)
+  Tensor expert_counts;    // [E] i32: assignments per expert
+  Tensor act;              // [max_rows, F] bf16: silu(gate)*up in sorted order
+  Tensor y_rows;           // [T*k, H] bf16: weighted expert output per assignment
+  Tensor status;           // [1] i32: error bits set by kernels (see check_status)
+};
+size_t workspace_bytes(const ForwardPlan& plan);
+// Views into `base` (at least workspace_bytes(plan) bytes, 256-byte aligned).
+Workspace carve_workspace(const ForwardPlan& plan, void* base, size_t bytes);
+
+// Caller-given expert ids are checked on the device (a host check would need a sync): align
+// skips an id outside [0, E) and sets a bit in ws.status. check_status() synchronises `stream`
+// and throws moekit::Error naming the argument if any bit is set; call it outside hot loops.
+enum StatusBits : int32_t { kStatusExpertIdOutOfRange = 1 };
+void check_status(const Workspace& ws, cudaStream_t stream);
+
+// ---- Stage 1: router ------------------------------------------------------------------------
+// Scores come from `logits` [T,E] f32 when given, else from x [T,H] bf16 · w_gate [E,H]ᵀ
+// (w_gate bf16 or f32; FP32 accumulation in a fixed order). score_bias [E] f32 is optional.
+// Writes topk_ids [T,k] i32 and topk_weights [T,k] f32, in descending order of the selection
+// score; equal scores: the lower expert id wins.
+void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Tensor& score_bias,
+           const RouterOptions& opt, const Tensor& topk_ids, const Tensor& topk_weights,
+           cudaStream_t stream);
+
+// ---- Stage 2: align -------------------------------------------------------------------------
+// topk_ids [T,k] i32 -> ws.sorted_ids, block_expert, num_rows_padded, expert_counts. One launch.
+void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
+           cudaStream_t stream);
+
+// ---- Stages 3-4: expert GEMMs ---------------------------------------------------------------
+// act[r] = silu(x[t]·W_gateᵀ) ⊙ (x[t]·W_upᵀ) for every sorted row r of assignment a, t = a/k.
+void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Workspace& ws,
+               cudaStream_t stream);
+// y_rows[a] = topk_weights[a] · act[r]·W2ᵀ for every sorted row r of assignment a.
+void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_weights,
+                 const Workspace& ws, cudaStream_t stream);
+
+// ---- Stage 5: combine -----------------------------------------------------------------------
+// y[t] = Σ_j y_rows[t*k+j] in slot order j = 0..k-1 (FP32 sum, bf16 out). No atomics.
+void combine(const Tensor& y_rows, int64_t topk, const Tensor& y, cudaStream_t stream);
+
+// ---- The whole layer ------------------------------------------------------------------------
+struct MoeInputs {
+  Tensor x;           // [T, H] bf16
+  Tensor w_gate;      // [E, H] bf16/f32 (or give router_logits)
+  Tensor router_logits;  // [T, E] f32
+  Tensor score_bias;  // [E] f32, optional
+  Tensor w13;         // [E, 2F, H] bf16: gate rows then up rows
+  Tensor w2;          // [E, H, F] bf16
+};
+void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptions& opt,
+                 const Tensor& y, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// Stages 2-5 with routing given by the caller (topk_ids [T,k] i32, topk_weights [T,k] f32).
+void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Tensor& w2,
+                     const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y,
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace moekit

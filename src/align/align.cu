@@ -1,0 +1,58 @@
+// align.cu — stage 2 launcher: validates align()'s arguments; one CTA, one launch.
+#include <nvtx3/nvToolsExt.h>
+
+#include "align/align.cuh"
+#include "common/cuda_check.hpp"
+#include "common/validate.hpp"
+
+namespace moekit {
+
+void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
+           cudaStream_t stream) {
+  const char* fn = "align";
+  const MoeShape& s = plan.shape;
+  detail::expect_shape(s, fn);
+  detail::expect_tensor(fn, "topk_ids", topk_ids, DType::i32, {s.tokens, s.topk});
+  detail::expect_tensor(fn, "ws.sorted_ids", ws.sorted_ids, DType::i32, {plan.max_rows});
+  detail::expect_tensor(fn, "ws.block_expert", ws.block_expert, DType::i32, {plan.max_blocks});
+  detail::expect_tensor(fn, "ws.num_rows_padded", ws.num_rows_padded, DType::i32, {1});
+  detail::expect_tensor(fn, "ws.expert_counts", ws.expert_counts, DType::i32, {s.experts});
+  detail::expect_tensor(fn, "ws.status", ws.status, DType::i32, {1});
+
+  kernels::align::Params p{};
+  p.topk_ids = topk_ids.as<const int32_t>();
+  p.sorted_ids = ws.sorted_ids.as<int32_t>();
+  p.block_expert = ws.block_expert.as<int32_t>();
+  p.num_rows_padded = ws.num_rows_padded.as<int32_t>();
+  p.expert_counts = ws.expert_counts.as<int32_t>();
+  p.status = ws.status.as<int32_t>();
+  p.num_assign = s.tokens * s.topk;
+  p.max_blocks = plan.max_blocks;
+  p.experts = int(s.experts);
+  p.block_m = plan.block_m;
+
+  // T = 0 still launches: the GEMMs read num_rows_padded = 0 and block_expert = -1 from it.
+  // Raise the dynamic shared-memory limit once, for the largest E (not per call: capture-safe).
+  static const bool raised = [] {
+    MK_CUDA_CHECK(cudaFuncSetAttribute(kernels::align::align_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(kernels::align::smem_bytes(int(kMaxExperts)))));
+    return true;
+  }();
+  (void)raised;
+  const size_t smem = kernels::align::smem_bytes(p.experts);
+  nvtxRangePushA("moekit.align");
+  kernels::align::align_kernel<<<1, kernels::align::kThreads, smem, stream>>>(p);
+  MK_LAUNCH_CHECK("align_kernel");
+  nvtxRangePop();
+}
+
+void check_status(const Workspace& ws, cudaStream_t stream) {
+  detail::expect_tensor("check_status", "ws.status", ws.status, DType::i32, {1});
+  int32_t status = 0;
+  MK_CUDA_CHECK(cudaMemcpyAsync(&status, ws.status.data, 4, cudaMemcpyDeviceToHost, stream));
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (status & kStatusExpertIdOutOfRange)
+    detail::fail("align", "topk_ids", "an expert id is outside [0, E); those assignments were skipped");
+}
+
+}  // namespace moekit

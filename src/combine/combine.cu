@@ -1,0 +1,27 @@
+// combine.cu — stage 5 launcher.
+#include <nvtx3/nvToolsExt.h>
+
+#include "combine/combine.cuh"
+#include "common/cuda_check.hpp"
+#include "common/validate.hpp"
+
+namespace moekit {
+
+void combine(const Tensor& y_rows, int64_t topk, const Tensor& y, cudaStream_t stream) {
+  const char* fn = "combine";
+  if (y.rank != 2) detail::fail(fn, "y", "expected shape [T, H], got " + y.shape_str());
+  const int64_t T = y.dim(0), H = y.dim(1);
+  if (topk < 1 || topk > kMaxTopk) detail::fail(fn, "topk", "must be in [1, 16], got " + std::to_string(topk));
+  if (H % 8 != 0) detail::fail(fn, "y", "hidden size must be a multiple of 8, got " + std::to_string(H));
+  detail::expect_tensor(fn, "y", y, DType::bf16, {T, H});
+  detail::expect_tensor(fn, "y_rows", y_rows, DType::bf16, {T * topk, H});
+  if (T == 0) return;
+  kernels::combine::Params p{y_rows.as<const __nv_bfloat16>(), y.as<__nv_bfloat16>(), T, H, int(topk)};
+  const int64_t vecs = T * (H / 8);
+  nvtxRangePushA("moekit.combine");
+  kernels::combine::combine_kernel<<<unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads), kernels::combine::kThreads, 0, stream>>>(p);
+  MK_LAUNCH_CHECK("combine_kernel");
+  nvtxRangePop();
+}
+
+}  // namespace moekit

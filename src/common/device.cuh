@@ -1,0 +1,32 @@
+// device.cuh — small device helpers shared by the stage kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/canon.hpp"
+
+namespace moekit::dev {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// The butterfly of canon::tree_sum32: every lane ends with the same, order-fixed sum.
+__device__ __forceinline__ float warp_tree_sum(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v = canon::add(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t packed) { return __uint_as_float(packed << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t packed) { return __uint_as_float(packed & 0xffff0000u); }
+
+__device__ __forceinline__ int lane_id() { return int(threadIdx.x & 31); }
+
+}  // namespace moekit::dev

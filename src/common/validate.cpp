@@ -1,0 +1,69 @@
+// validate.cpp — the argument checks every public entry runs before it touches the GPU.
+#include "common/validate.hpp"
+
+#include <cstdint>
+#include <limits>
+
+namespace moekit::detail {
+
+void fail(const char* entry, const char* arg, const std::string& what) {
+  throw Error(std::string("moekit::") + entry + ": argument '" + arg + "': " + what);
+}
+
+static std::string shape_of(std::initializer_list<int64_t> shape) {
+  std::string s = "[";
+  int i = 0;
+  for (int64_t d : shape) s += (i++ ? ", " : "") + std::to_string(d);
+  return s + "]";
+}
+
+void expect_tensor(const char* entry, const char* arg, const Tensor& t, DType dtype,
+                   std::initializer_list<int64_t> shape) {
+  if (!t.given()) fail(entry, arg, "is required but was not given");
+  if (t.dtype != dtype)
+    fail(entry, arg, std::string("expected dtype ") + dtype_name(dtype) + ", got " + dtype_name(t.dtype));
+  bool same = t.rank == int(shape.size());
+  int i = 0;
+  for (int64_t d : shape) same = same && t.shape[i++] == d;
+  if (!same) fail(entry, arg, "expected shape " + shape_of(shape) + ", got " + t.shape_str());
+  if (t.numel() > 0 && t.data == nullptr) fail(entry, arg, "data pointer is null");
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    fail(entry, arg, "data pointer must be 16-byte aligned");
+}
+
+bool expect_optional(const char* entry, const char* arg, const Tensor& t, DType dtype,
+                     std::initializer_list<int64_t> shape) {
+  if (!t.given()) return false;
+  expect_tensor(entry, arg, t, dtype, shape);
+  return true;
+}
+
+void expect_shape(const MoeShape& s, const char* entry) {
+  if (s.tokens < 0) fail(entry, "shape.tokens", "must be >= 0, got " + std::to_string(s.tokens));
+  if (s.hidden <= 0 || s.hidden % 8 != 0)
+    fail(entry, "shape.hidden", "must be a positive multiple of 8 (16-byte rows), got " + std::to_string(s.hidden));
+  if (s.inter <= 0 || s.inter % 8 != 0)
+    fail(entry, "shape.inter", "must be a positive multiple of 8 (16-byte rows), got " + std::to_string(s.inter));
+  if (s.experts <= 0 || s.experts > kMaxExperts)
+    fail(entry, "shape.experts", "must be in [1, " + std::to_string(kMaxExperts) + "], got " + std::to_string(s.experts));
+  if (s.topk <= 0 || s.topk > kMaxTopk)
+    fail(entry, "shape.topk", "must be in [1, " + std::to_string(kMaxTopk) + "], got " + std::to_string(s.topk));
+  if (s.topk > s.experts)
+    fail(entry, "shape.topk", "k = " + std::to_string(s.topk) + " exceeds the number of experts " + std::to_string(s.experts));
+  // sorted_ids are int32 and hold the sentinel T*k; padded rows add E*(block_m-1).
+  if (s.tokens * s.topk + s.experts * 128 >= std::numeric_limits<int32_t>::max())
+    fail(entry, "shape.tokens", "T*k = " + std::to_string(s.tokens * s.topk) + " is too large for 32-bit assignment ids");
+}
+
+void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* entry) {
+  const MoeShape& s = plan.shape;
+  expect_tensor(entry, "ws.sorted_ids", ws.sorted_ids, DType::i32, {plan.max_rows});
+  expect_tensor(entry, "ws.block_expert", ws.block_expert, DType::i32, {plan.max_blocks});
+  expect_tensor(entry, "ws.num_rows_padded", ws.num_rows_padded, DType::i32, {1});
+  expect_tensor(entry, "ws.expert_counts", ws.expert_counts, DType::i32, {s.experts});
+  expect_tensor(entry, "ws.act", ws.act, DType::bf16, {plan.max_rows, s.inter});
+  expect_tensor(entry, "ws.y_rows", ws.y_rows, DType::bf16, {s.tokens * s.topk, s.hidden});
+  expect_tensor(entry, "ws.status", ws.status, DType::i32, {1});
+}
+
+}  // namespace moekit::detail

@@ -1,0 +1,14 @@
+// configs.hpp — the expert-GEMM tile configurations moekit compiles, in one list.
+//
+// X(block_m, block_n, block_k, warps_m, warps_n, stages). The config chooser (src/tuning) picks
+// among exactly these and the launcher (src/gemm/expert_gemm.cu) instantiates exactly these, so
+// a table can never name a kernel that does not exist. Host-only: no device code here.
+#pragma once
+
+// NOTES: block_m is the row granularity of the aligned layout, so one forward uses one block_m
+// for both GEMMs. 16 rows: decode, bound by reading weights (padding is nearly free).
+// 64/128 rows: prefill, bound by tensor-core math (fewer B-tile re-reads per FLOP).
+#define MOEKIT_GEMM_CONFIGS(X) \
+  X(16, 64, 128, 1, 4, 4)      \
+  X(64, 128, 64, 2, 4, 4)      \
+  X(128, 128, 64, 2, 4, 3)

@@ -1,0 +1,97 @@
+// expert_gemm.cu — stages 3-4 launchers: validate, then run the compiled config the plan names.
+// Grid: x = every block of the worst-case aligned layout (blocks past num_rows_padded exit at
+// once: the true length lives on the device), y = column tiles.
+#include <nvtx3/nvToolsExt.h>
+
+#include "common/cuda_check.hpp"
+#include "common/validate.hpp"
+#include "gemm/configs.hpp"
+#include "gemm/expert_gemm.cuh"
+
+namespace moekit {
+
+namespace {
+
+template <kernels::gemm::Mode M, int BM, int BN, int BK, int WM, int WN, int ST>
+void launch_instance(const kernels::gemm::Params& p, int64_t max_blocks, cudaStream_t stream) {
+  using Cfg = kernels::gemm::Tile<BM, BN, BK, WM, WN, ST>;
+  auto kernel = kernels::gemm::expert_gemm_kernel<M, BM, BN, BK, WM, WN, ST>;
+  static const bool raised = [&] {  // once per instance, outside any capture-sensitive path
+    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
+    return true;
+  }();
+  (void)raised;
+  const int64_t cols = M == kernels::gemm::Mode::Up ? BN / 2 : BN;
+  const dim3 grid(unsigned(max_blocks), unsigned((p.n_dim + cols - 1) / cols));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  MK_LAUNCH_CHECK("expert_gemm_kernel");
+}
+
+template <kernels::gemm::Mode M>
+void dispatch(const GemmConfig& c, const kernels::gemm::Params& p, int64_t max_blocks, cudaStream_t stream) {
+#define MK_DISPATCH(bm, bn, bk, wm, wn, st)                                                   \
+  if (c == GemmConfig{bm, bn, bk, wm, wn, st}) {                                              \
+    launch_instance<M, bm, bn, bk, wm, wn, st>(p, max_blocks, stream);                        \
+    return;                                                                                   \
+  }
+  MOEKIT_GEMM_CONFIGS(MK_DISPATCH)
+#undef MK_DISPATCH
+  detail::fail("expert_gemm", "plan", "config " + c.str() + " is not compiled");
+}
+
+kernels::gemm::Params routing_params(const ForwardPlan& plan, const Workspace& ws) {
+  kernels::gemm::Params p{};
+  p.sorted_ids = ws.sorted_ids.as<const int32_t>();
+  p.block_expert = ws.block_expert.as<const int32_t>();
+  p.num_rows_padded = ws.num_rows_padded.as<const int32_t>();
+  p.num_assign = plan.shape.tokens * plan.shape.topk;
+  p.topk = int(plan.shape.topk);
+  return p;
+}
+
+}  // namespace
+
+void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Workspace& ws,
+               cudaStream_t stream) {
+  const char* fn = "expert_up";
+  const MoeShape& s = plan.shape;
+  detail::expect_shape(s, fn);
+  detail::expect_tensor(fn, "x", x, DType::bf16, {s.tokens, s.hidden});
+  detail::expect_tensor(fn, "w13", w13, DType::bf16, {s.experts, 2 * s.inter, s.hidden});
+  detail::expect_workspace(plan, ws, fn);
+  if (s.tokens == 0) return;
+  kernels::gemm::Params p = routing_params(plan, ws);
+  p.a = x.as<const __nv_bfloat16>();
+  p.b = w13.as<const __nv_bfloat16>();
+  p.out = ws.act.as<__nv_bfloat16>();
+  p.k_dim = s.hidden;
+  p.n_dim = s.inter;
+  p.b_expert_stride = 2 * s.inter * s.hidden;
+  nvtxRangePushA("moekit.expert_up");
+  dispatch<kernels::gemm::Mode::Up>(plan.up, p, plan.max_blocks, stream);
+  nvtxRangePop();
+}
+
+void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_weights,
+                 const Workspace& ws, cudaStream_t stream) {
+  const char* fn = "expert_down";
+  const MoeShape& s = plan.shape;
+  detail::expect_shape(s, fn);
+  detail::expect_tensor(fn, "w2", w2, DType::bf16, {s.experts, s.hidden, s.inter});
+  detail::expect_tensor(fn, "topk_weights", topk_weights, DType::f32, {s.tokens, s.topk});
+  detail::expect_workspace(plan, ws, fn);
+  if (s.tokens == 0) return;
+  kernels::gemm::Params p = routing_params(plan, ws);
+  p.a = ws.act.as<const __nv_bfloat16>();
+  p.b = w2.as<const __nv_bfloat16>();
+  p.out = ws.y_rows.as<__nv_bfloat16>();
+  p.topk_weights = topk_weights.as<const float>();
+  p.k_dim = s.inter;
+  p.n_dim = s.hidden;
+  p.b_expert_stride = s.hidden * s.inter;
+  nvtxRangePushA("moekit.expert_down");
+  dispatch<kernels::gemm::Mode::Down>(plan.down, p, plan.max_blocks, stream);
+  nvtxRangePop();
+}
+
+}  // namespace moekit

@@ -1,0 +1,245 @@
+// expert_gemm.cuh — stages 3 and 4: the fused expert GEMMs on the tensor cores (mma.sync bf16).
+//
+// A CTA owns one block_m-row block of the aligned layout (one expert: block_expert[b]) and one
+// column tile. Its rows come from sorted_ids: the up GEMM gathers x rows t = a/k inside the
+// A-operand load (padding rows are zero-filled by cp.async and masked on store); the down GEMM
+// reads act in sorted order. B is one expert's weights, K contiguous (w13 [2F,H], w2 [H,F]).
+// Operands stream global -> shared through a `Stages`-deep cp.async pipeline (16-byte chunks,
+// XOR-swizzled rows, ldmatrix-conflict-free), then ldmatrix + mma.m16n8k16 with FP32 accumulators.
+// Epilogues: Up — the tile's first half of columns is gate, the second half the same columns of
+// up, paired in registers: act = silu(g)·u. Down — multiply by the routing weight of the row's
+// assignment and store the row at a = sorted_ids[r].
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/canon.hpp"
+
+namespace moekit::kernels::gemm {
+
+enum class Mode { Up, Down };
+
+struct Params {
+  const __nv_bfloat16* a;        // Up: x [T, H]; Down: act [max_rows, F]
+  const __nv_bfloat16* b;        // Up: w13 [E, 2F, H]; Down: w2 [E, H, F]
+  __nv_bfloat16* out;            // Up: act [max_rows, F]; Down: y_rows [T*k, H]
+  const float* topk_weights;     // [T*k] (Down)
+  const int32_t* sorted_ids;     // [max_rows]
+  const int32_t* block_expert;   // [max_blocks]
+  const int32_t* num_rows_padded;
+  int64_t num_assign;            // T*k: the padding sentinel
+  int64_t k_dim;                 // reduction length: H (Up) or F (Down)
+  int64_t n_dim;                 // output columns: F (Up) or H (Down)
+  int64_t b_expert_stride;       // elements per expert in b
+  int topk;
+};
+
+template <int BM, int BN, int BK, int WM, int WN, int STAGES>
+struct Tile {
+  static constexpr int kThreads = 32 * WM * WN;
+  static constexpr int kChunks = BK / 8;  // 16-byte chunks per smem row
+  static constexpr int TM = BM / WM, TN = BN / WN;
+  static constexpr int MI = TM / 16, NI = TN / 8;
+  static constexpr int kAIters = BM * kChunks / kThreads;
+  static constexpr int kBIters = BN * kChunks / kThreads;
+  static constexpr int kStageElems = (BM + BN) * BK;
+  static constexpr size_t kSmemBytes = size_t(STAGES) * kStageElems * 2 + size_t(BM) * 4;
+  static_assert(BK == 64 || BK == 128, "the XOR swizzle needs at least 8 chunks per row");
+  static_assert(TM % 16 == 0 && TN % 16 == 0, "warp tile must hold whole m16 and pairs of n8 fragments");
+  static_assert(BM * kChunks % kThreads == 0 && BN * kChunks % kThreads == 0, "loads must split evenly");
+  static_assert(STAGES >= 2, "the pipeline needs two stages at least");
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+// Swizzled element offset of 16-byte chunk `c` of row `r` in a row-of-BK tile.
+template <int BK>
+__device__ __forceinline__ int swz(int r, int c) {
+  return r * BK + ((c ^ (r & 7)) << 3);
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
+__global__ void __launch_bounds__(Tile<BM, BN, BK, WM, WN, STAGES>::kThreads)
+expert_gemm_kernel(const Params p) {
+  using Cfg = Tile<BM, BN, BK, WM, WN, STAGES>;
+  constexpr int CH = Cfg::kChunks, MI = Cfg::MI, NI = Cfg::NI;
+  // Up: the tile's BN rows of B are BN/2 gate rows and the same BN/2 up rows.
+  constexpr int kColsPerTile = M == Mode::Up ? BN / 2 : BN;
+
+  const int64_t block = blockIdx.x;
+  const int64_t row0 = block * BM;
+  if (row0 >= *p.num_rows_padded) return;  // past the used blocks (grid sized for the worst case)
+  const int expert = p.block_expert[block];
+  const int64_t n0 = int64_t(blockIdx.y) * kColsPerTile;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  int32_t* s_ids = reinterpret_cast<int32_t*>(smem_raw + size_t(STAGES) * Cfg::kStageElems * 2);
+  const int tid = int(threadIdx.x);
+  for (int r = tid; r < BM; r += Cfg::kThreads) s_ids[r] = p.sorted_ids[row0 + r];
+  __syncthreads();
+
+  // Per-thread source rows of its A and B chunks: fixed for the whole K loop.
+  const __nv_bfloat16* a_src[Cfg::kAIters];
+  bool a_ok[Cfg::kAIters];
+#pragma unroll
+  for (int i = 0; i < Cfg::kAIters; ++i) {
+    const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
+    const int64_t id = s_ids[r];
+    a_ok[i] = id < p.num_assign;
+    const int64_t src_row = M == Mode::Up ? (a_ok[i] ? id / p.topk : 0) : row0 + r;
+    a_src[i] = p.a + src_row * p.k_dim + c * 8;
+  }
+  const __nv_bfloat16* b_src[Cfg::kBIters];
+  bool b_ok[Cfg::kBIters];
+  const __nv_bfloat16* b_expert = p.b + int64_t(expert) * p.b_expert_stride;
+#pragma unroll
+  for (int i = 0; i < Cfg::kBIters; ++i) {
+    const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
+    int64_t n, b_row;
+    if constexpr (M == Mode::Up) {
+      n = n0 + (r < BN / 2 ? r : r - BN / 2);
+      b_row = r < BN / 2 ? n : p.n_dim + n;
+    } else {
+      n = n0 + r;
+      b_row = n;
+    }
+    b_ok[i] = n < p.n_dim;
+    b_src[i] = b_expert + (b_ok[i] ? b_row : 0) * p.k_dim + c * 8;
+  }
+
+  auto load_stage = [&](int stage, int64_t kt) {
+    __nv_bfloat16* sa = smem + stage * Cfg::kStageElems;
+    __nv_bfloat16* sb = sa + BM * BK;
+    const int64_t k0 = kt * BK;
+#pragma unroll
+    for (int i = 0; i < Cfg::kAIters; ++i) {
+      const int idx = tid + i * Cfg::kThreads, r = idx / CH, c = idx % CH;
+      const bool ok = a_ok[i] && k0 + c * 8 < p.k_dim;
+      cp_async16(smem_addr(sa + swz<BK>(r, c)), ok ? a_src[i] + k0 : p.a, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < Cfg::kBIters; ++i) {
+      const int idx = tid + i * Cfg::kThreads, r = idx / CH, c = idx % CH;
+      const bool ok = b_ok[i] && k0 + c * 8 < p.k_dim;
+      cp_async16(smem_addr(sb + swz<BK>(r, c)), ok ? b_src[i] + k0 : p.b, ok);
+    }
+  };
+
+  const int warp = tid >> 5, lane = tid & 31;
+  const int wm = warp / WN, wn = warp % WN;
+  // smem row of B for n8 fragment f of this warp.
+  auto b_frag_row = [&](int f) {
+    if constexpr (M == Mode::Up)
+      return f < NI / 2 ? wn * (Cfg::TN / 2) + f * 8 : BN / 2 + wn * (Cfg::TN / 2) + (f - NI / 2) * 8;
+    else
+      return wn * Cfg::TN + f * 8;
+  };
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+
+  const int64_t k_tiles = (p.k_dim + BK - 1) / BK;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt landed for all threads; stage kt-1 is free to refill
+    const int64_t next = kt + STAGES - 1;
+    if (next < k_tiles) load_stage(int(next % STAGES), next);
+    cp_async_commit();
+
+    const __nv_bfloat16* sa = smem + int(kt % STAGES) * Cfg::kStageElems;
+    const __nv_bfloat16* sb = sa + BM * BK;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t af[MI][4];
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+        const int r = wm * Cfg::TM + i * 16 + (lane & 15);
+        ldmatrix_x4(af[i], smem_addr(sa + swz<BK>(r, kk * 2 + (lane >> 4))));
+      }
+      uint32_t bf[NI][2];
+#pragma unroll
+      for (int f = 0; f < NI; f += 2) {  // one x4: matrices 0,1 of fragment f; 2,3 of f+1
+        const int r = b_frag_row(f + (lane >> 4)) + (lane & 7);
+        uint32_t t[4];
+        ldmatrix_x4(t, smem_addr(sb + swz<BK>(r, kk * 2 + ((lane >> 3) & 1))));
+        bf[f][0] = t[0], bf[f][1] = t[1], bf[f + 1][0] = t[2], bf[f + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int f = 0; f < NI; ++f) mma_bf16(acc[i][f], af[i], bf[f][0], bf[f][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: fragment (i, f) holds rows lane/4 and lane/4+8, columns 2*(lane%4) + {0,1}.
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = wm * Cfg::TM + i * 16 + (lane >> 2) + h * 8;
+      const int64_t id = s_ids[r];
+      if (id >= p.num_assign) continue;  // padding row
+      if constexpr (M == Mode::Up) {
+        __nv_bfloat16* out_row = p.out + (row0 + r) * p.n_dim;
+#pragma unroll
+        for (int f = 0; f < NI / 2; ++f) {
+          const int64_t n = n0 + wn * (Cfg::TN / 2) + f * 8 + (lane & 3) * 2;
+          if (n >= p.n_dim) continue;
+          const float* g = acc[i][f] + 2 * h;
+          const float* u = acc[i][f + NI / 2] + 2 * h;
+          *reinterpret_cast<uint32_t*>(out_row + n) =
+              pack_bf16(canon::silu(g[0]) * u[0], canon::silu(g[1]) * u[1]);
+        }
+      } else {
+        const float w = p.topk_weights[id];
+        __nv_bfloat16* out_row = p.out + id * p.n_dim;
+#pragma unroll
+        for (int f = 0; f < NI; ++f) {
+          const int64_t n = n0 + wn * Cfg::TN + f * 8 + (lane & 3) * 2;
+          if (n >= p.n_dim) continue;
+          const float* c = acc[i][f] + 2 * h;
+          *reinterpret_cast<uint32_t*>(out_row + n) = pack_bf16(c[0] * w, c[1] * w);
+        }
+      }
+    }
+}
+
+}  // namespace moekit::kernels::gemm

@@ -1,0 +1,91 @@
+// router.cu — stage 1 launcher: validates route()'s arguments and picks the kernel instance
+// (experts per lane, w_gate dtype).
+#include <nvtx3/nvToolsExt.h>
+
+#include "common/cuda_check.hpp"
+#include "common/validate.hpp"
+#include "router/router.cuh"
+
+namespace moekit {
+
+namespace {
+template <int EPL>
+void launch(const kernels::router::Params& p, DType w_dtype, cudaStream_t stream) {
+  const dim3 grid(unsigned((p.tokens + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock));
+  const dim3 block(32 * kernels::router::kWarpsPerBlock);
+  if (p.logits != nullptr || w_dtype == DType::bf16)
+    kernels::router::router_kernel<EPL, __nv_bfloat16><<<grid, block, 0, stream>>>(p);
+  else
+    kernels::router::router_kernel<EPL, float><<<grid, block, 0, stream>>>(p);
+  MK_LAUNCH_CHECK("router_kernel");
+}
+}  // namespace
+
+void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Tensor& score_bias,
+           const RouterOptions& opt, const Tensor& topk_ids, const Tensor& topk_weights,
+           cudaStream_t stream) {
+  const char* fn = "route";
+  if (topk_ids.rank != 2) detail::fail(fn, "topk_ids", "expected shape [T, k], got " + topk_ids.shape_str());
+  const int64_t T = topk_ids.dim(0), k = topk_ids.dim(1);
+  int64_t E = 0;
+  if (logits.given()) {
+    if (logits.rank != 2) detail::fail(fn, "logits", "expected shape [T, E], got " + logits.shape_str());
+    E = logits.dim(1);
+    detail::expect_tensor(fn, "logits", logits, DType::f32, {T, E});
+  } else {
+    if (!w_gate.given()) detail::fail(fn, "w_gate", "give either logits [T, E] or w_gate [E, H] with x [T, H]");
+    if (w_gate.rank != 2) detail::fail(fn, "w_gate", "expected shape [E, H], got " + w_gate.shape_str());
+    E = w_gate.dim(0);
+    const int64_t H = w_gate.dim(1);
+    if (H % 8 != 0) detail::fail(fn, "w_gate", "hidden size must be a multiple of 8, got " + std::to_string(H));
+    if (w_gate.dtype != DType::bf16 && w_gate.dtype != DType::f32)
+      detail::fail(fn, "w_gate", std::string("expected dtype bf16 or f32, got ") + dtype_name(w_gate.dtype));
+    detail::expect_tensor(fn, "w_gate", w_gate, w_gate.dtype, {E, H});
+    detail::expect_tensor(fn, "x", x, DType::bf16, {T, H});
+  }
+  if (E < 1 || E > kMaxExperts)
+    detail::fail(fn, logits.given() ? "logits" : "w_gate", "number of experts must be in [1, 512], got " + std::to_string(E));
+  if (k < 1 || k > kMaxTopk) detail::fail(fn, "topk_ids", "k must be in [1, 16], got " + std::to_string(k));
+  if (k > E) detail::fail(fn, "topk_ids", "k = " + std::to_string(k) + " exceeds the number of experts " + std::to_string(E));
+  detail::expect_tensor(fn, "topk_ids", topk_ids, DType::i32, {T, k});
+  detail::expect_tensor(fn, "topk_weights", topk_weights, DType::f32, {T, k});
+  detail::expect_optional(fn, "score_bias", score_bias, DType::f32, {E});
+  if (opt.n_group < 0 || opt.n_group > 32)
+    detail::fail(fn, "opt.n_group", "must be in [0, 32], got " + std::to_string(opt.n_group));
+  if (opt.n_group > 0) {
+    if (E % opt.n_group != 0)
+      detail::fail(fn, "opt.n_group", std::to_string(E) + " experts do not split into " + std::to_string(opt.n_group) + " equal groups");
+    if (opt.topk_group < 1 || opt.topk_group > opt.n_group)
+      detail::fail(fn, "opt.topk_group", "must be in [1, n_group], got " + std::to_string(opt.topk_group));
+    if (opt.topk_group * (E / opt.n_group) < k)
+      detail::fail(fn, "opt.topk_group", "the kept groups hold fewer than k experts");
+  }
+  if (T == 0) return;
+
+  kernels::router::Params p{};
+  p.x = x.as<const __nv_bfloat16>();
+  p.w_gate = w_gate.data;
+  p.logits = logits.given() ? logits.as<const float>() : nullptr;
+  p.score_bias = score_bias.given() ? score_bias.as<const float>() : nullptr;
+  p.topk_ids = topk_ids.as<int32_t>();
+  p.topk_weights = topk_weights.as<float>();
+  p.tokens = T;
+  p.hidden = logits.given() ? 0 : w_gate.dim(1);
+  p.experts = int(E);
+  p.topk = int(k);
+  p.sigmoid = opt.scoring == Scoring::sigmoid;
+  p.renormalize = opt.renormalize;
+  p.n_group = int(opt.n_group);
+  p.topk_group = int(opt.topk_group);
+  p.routed_scaling_factor = opt.routed_scaling_factor;
+
+  nvtxRangePushA("moekit.route");
+  if (E <= 32) launch<1>(p, w_gate.dtype, stream);
+  else if (E <= 64) launch<2>(p, w_gate.dtype, stream);
+  else if (E <= 128) launch<4>(p, w_gate.dtype, stream);
+  else if (E <= 256) launch<8>(p, w_gate.dtype, stream);
+  else launch<16>(p, w_gate.dtype, stream);
+  nvtxRangePop();
+}
+
+}  // namespace moekit

@@ -1,0 +1,198 @@
+// router.cuh — stage 1: one fused kernel from logits (given, or x·w_gateᵀ) to k ids and weights.
+//
+// A warp owns a token; lane l owns experts e = i*32 + l (i < EPL), so the E scores live in
+// registers. Scoring, bias, grouped top-k, top-k, renormalisation and scaling happen in
+// registers and warp shuffles; only k ids and k weights are written. Every floating-point step
+// follows common/canon.hpp, so the CPU oracle reproduces the result bit for bit.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/device.cuh"
+
+namespace moekit::kernels::router {
+
+struct Params {
+  const __nv_bfloat16* x;   // [T, H]        (when logits are computed)
+  const void* w_gate;       // [E, H] bf16 or f32
+  const float* logits;      // [T, E]        (when given)
+  const float* score_bias;  // [E] or null
+  int32_t* topk_ids;        // [T, k]
+  float* topk_weights;      // [T, k]
+  int64_t tokens, hidden;
+  int experts, topk;
+  bool sigmoid, renormalize;
+  int n_group, topk_group;  // n_group 0: plain top-k
+  float routed_scaling_factor;
+};
+
+constexpr int kWarpsPerBlock = 4;
+
+// A candidate of the warp-wide argmax; e < 0 is "none" and loses to everything.
+struct Cand {
+  float v;
+  int e;
+};
+__device__ __forceinline__ bool cand_before(Cand a, Cand b) {
+  if (b.e < 0) return a.e >= 0;
+  if (a.e < 0) return false;
+  return canon::ranks_before(a.v, a.e, b.v, b.e);
+}
+__device__ __forceinline__ Cand warp_best(Cand c) {
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) {
+    Cand o{__shfl_xor_sync(dev::kFullMask, c.v, off), __shfl_xor_sync(dev::kFullMask, c.e, off)};
+    if (cand_before(o, c)) c = o;
+  }
+  return c;
+}
+
+// x[t]·w_gate[e] in canon order: lane-strided 8-element chunks, FMA, then the butterfly.
+template <class WT>
+__device__ __forceinline__ float logit_dot(const __nv_bfloat16* x_row, const WT* w_row, int64_t hidden) {
+  const int lane = dev::lane_id();
+  float acc = 0.0f;
+  for (int64_t c = lane; c < hidden / canon::kLogitChunk; c += 32) {
+    const uint4 xv = *reinterpret_cast<const uint4*>(x_row + c * 8);
+    const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
+    float w[8];
+    if constexpr (sizeof(WT) == 4) {
+      const float4 w0 = *reinterpret_cast<const float4*>(w_row + c * 8);
+      const float4 w1 = *reinterpret_cast<const float4*>(w_row + c * 8 + 4);
+      w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
+    } else {
+      const uint4 wv = *reinterpret_cast<const uint4*>(w_row + c * 8);
+      const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) w[2 * q] = dev::bf16_lo(ws[q]), w[2 * q + 1] = dev::bf16_hi(ws[q]);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      acc = canon::fma(dev::bf16_lo(xs[q]), w[2 * q], acc);
+      acc = canon::fma(dev::bf16_hi(xs[q]), w[2 * q + 1], acc);
+    }
+  }
+  return dev::warp_tree_sum(acc);
+}
+
+template <int EPL, class WT>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
+  __shared__ float s_choice[kWarpsPerBlock][32 * EPL];
+  __shared__ float s_weight[kWarpsPerBlock][16];
+  const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
+  const int64_t t = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  if (t >= p.tokens) return;
+  const int E = p.experts;
+
+  // 1. logits, lane-owned: l[i] is expert i*32 + lane.
+  float l[EPL];
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) l[i] = -INFINITY;
+  if (p.logits != nullptr) {
+#pragma unroll
+    for (int i = 0; i < EPL; ++i)
+      if (i * 32 + lane < E) l[i] = p.logits[t * E + i * 32 + lane];
+  } else {
+    const __nv_bfloat16* x_row = p.x + t * p.hidden;
+    const WT* w = static_cast<const WT*>(p.w_gate);
+#pragma unroll
+    for (int i = 0; i < EPL; ++i)
+      for (int j = 0; j < 32 && i * 32 + j < E; ++j) {
+        const float v = logit_dot(x_row, w + int64_t(i * 32 + j) * p.hidden, p.hidden);
+        if (lane == j) l[i] = v;
+      }
+  }
+
+  // 2. scores (softmax over E, or sigmoid) and selection values (+ bias).
+  float score[EPL];
+  if (!p.sigmoid) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) m = fmaxf(m, l[i]);
+    m = dev::warp_max(m);
+    float part = 0.0f;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) {
+      score[i] = canon::exp(canon::add(l[i], -m));
+      if (i * 32 + lane < E) part = canon::add(part, score[i]);
+    }
+    const float sum = dev::warp_tree_sum(part);
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) score[i] = canon::div(score[i], sum);
+  } else {
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) score[i] = canon::sigmoid(l[i]);
+  }
+  float choice[EPL];
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) {
+    const int e = i * 32 + lane;
+    choice[i] = (p.score_bias != nullptr && e < E) ? canon::add(score[i], p.score_bias[e]) : score[i];
+  }
+
+  // 3. grouped top-k: keep the topk_group best groups (top-2 sum with a bias, else the max).
+  uint32_t keep_groups = 0xffffffffu;
+  int group_size = E;
+  if (p.n_group > 0) {
+    group_size = E / p.n_group;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i)
+      if (i * 32 + lane < E) s_choice[warp][i * 32 + lane] = choice[i];
+    __syncwarp();
+    Cand g{0.0f, -1};
+    if (lane < p.n_group) {
+      const float* c = s_choice[warp] + lane * group_size;
+      Cand a{0.0f, -1}, b{0.0f, -1};
+      for (int q = 0; q < group_size; ++q) {
+        const Cand x{c[q], q};
+        if (cand_before(x, a)) b = a, a = x;
+        else if (cand_before(x, b)) b = x;
+      }
+      g = {(p.score_bias != nullptr && group_size >= 2) ? canon::add(a.v, b.v) : a.v, lane};
+    }
+    keep_groups = 0;
+    for (int j = 0; j < p.topk_group; ++j) {
+      const Cand best = warp_best(g);
+      keep_groups |= 1u << best.e;
+      if (lane == best.e) g.e = -1;
+    }
+  }
+
+  // 4. top-k over the allowed experts, best first.
+  uint32_t taken = 0;  // bit i: expert i*32+lane chosen or not allowed
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) {
+    const int e = i * 32 + lane;
+    if (e >= E || !((keep_groups >> (e / group_size)) & 1u)) taken |= 1u << i;
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < p.topk; ++j) {
+    Cand c{0.0f, -1};
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) {
+      const Cand x{choice[i], i * 32 + lane};
+      if (!((taken >> i) & 1u) && cand_before(x, c)) c = x;
+    }
+    const Cand best = warp_best(c);
+    float w = 0.0f;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i)
+      if (i * 32 + lane == best.e) taken |= 1u << i, w = score[i];
+    w = __shfl_sync(dev::kFullMask, w, best.e & 31);
+    sum = canon::add(sum, w);
+    if (lane == 0) {
+      p.topk_ids[t * p.topk + j] = best.e;
+      s_weight[warp][j] = w;
+    }
+  }
+  __syncwarp();
+  if (lane < p.topk) {
+    float w = s_weight[warp][lane];
+    if (p.renormalize) w = canon::div(w, sum);
+    p.topk_weights[t * p.topk + lane] = canon::mul(w, p.routed_scaling_factor);
+  }
+}
+
+}  // namespace moekit::kernels::router

@@ -1,0 +1,149 @@
+// plan.cpp — the one config chooser (pure host code, unit-tested on the CPU) and the workspace
+// layout. plan_forward maps (shape, device) to tile configs; carve_workspace maps a caller's
+// buffer to the intermediate tensors of one forward pass.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/cuda_check.hpp"
+#include "common/validate.hpp"
+#include "gemm/configs.hpp"
+#include "moekit/moe.hpp"
+
+namespace moekit {
+
+std::string GemmConfig::str() const {
+  return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "k" +
+         std::to_string(block_k) + "w" + std::to_string(warps_m) + "x" + std::to_string(warps_n) +
+         "s" + std::to_string(stages);
+}
+
+std::string ForwardPlan::str() const {
+  return "T=" + std::to_string(shape.tokens) + " H=" + std::to_string(shape.hidden) +
+         " F=" + std::to_string(shape.inter) + " E=" + std::to_string(shape.experts) +
+         " k=" + std::to_string(shape.topk) + " block_m=" + std::to_string(block_m) +
+         " up=" + up.str() + " down=" + down.str();
+}
+
+const std::vector<GemmConfig>& compiled_gemm_configs() {
+#define MK_CONFIG_ENTRY(bm, bn, bk, wm, wn, st) GemmConfig{bm, bn, bk, wm, wn, st},
+  static const std::vector<GemmConfig> configs = {MOEKIT_GEMM_CONFIGS(MK_CONFIG_ENTRY)};
+#undef MK_CONFIG_ENTRY
+  return configs;
+}
+
+DeviceInfo query_device(int device) {
+  if (device < 0) MK_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp p{};
+  MK_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  DeviceInfo d;
+  d.name = p.name;
+  d.sm_count = p.multiProcessorCount;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.smem_per_block_optin = int64_t(p.sharedMemPerBlockOptin);
+  d.l2_bytes = p.l2CacheSize;
+  return d;
+}
+
+static int64_t smem_bytes(const GemmConfig& c) {
+  return int64_t(c.stages) * (c.block_m + c.block_n) * c.block_k * 2;
+}
+
+ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down) {
+  detail::expect_shape(shape, "plan_forward");
+  const auto& compiled = compiled_gemm_configs();
+  if (std::find(compiled.begin(), compiled.end(), up) == compiled.end())
+    detail::fail("plan_forward", "up", "config " + up.str() + " is not compiled (see src/gemm/configs.hpp)");
+  if (std::find(compiled.begin(), compiled.end(), down) == compiled.end())
+    detail::fail("plan_forward", "down", "config " + down.str() + " is not compiled (see src/gemm/configs.hpp)");
+  if (up.block_m != down.block_m)
+    detail::fail("plan_forward", "down", "block_m must equal the up config's: both GEMMs read one aligned layout");
+  ForwardPlan plan;
+  plan.shape = shape;
+  plan.block_m = up.block_m;
+  plan.up = up;
+  plan.down = down;
+  plan.max_rows = shape.tokens * shape.topk + shape.experts * (plan.block_m - 1);
+  plan.max_rows = (plan.max_rows + plan.block_m - 1) / plan.block_m * plan.block_m;
+  plan.max_blocks = plan.max_rows / plan.block_m;
+  return plan;
+}
+
+ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
+  detail::expect_shape(shape, "plan_forward");
+  if (device.cc_major != 9)
+    detail::fail("plan_forward", "device", "moekit's kernels are built for sm_90a (Hopper); got compute capability " +
+                                               std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
+  // Tile shape follows rows per expert, not T (DESIGN "Rules"): a few rows per expert is a
+  // weight read (16-row tiles, little padding); hundreds of rows are tensor-core bound.
+  const double rows_per_expert = double(shape.tokens * shape.topk) / double(shape.experts);
+  const int block_m = rows_per_expert <= 24 ? 16 : rows_per_expert <= 96 ? 64 : 128;
+  const GemmConfig* pick = nullptr;
+  for (const GemmConfig& c : compiled_gemm_configs())
+    if (c.block_m == block_m && smem_bytes(c) <= device.smem_per_block_optin) {
+      pick = &c;
+      break;
+    }
+  if (!pick) detail::fail("plan_forward", "device", "no compiled GEMM config fits its shared memory");
+  return plan_forward_with(shape, *pick, *pick);
+}
+
+// ---- workspace ------------------------------------------------------------------------------
+
+namespace {
+constexpr int64_t kAlign = 256;
+int64_t round_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+struct Layout {
+  int64_t topk_ids, topk_weights, sorted_ids, block_expert, num_rows_padded, expert_counts, status,
+      act, y_rows, total;
+};
+
+Layout layout_of(const ForwardPlan& p) {
+  const MoeShape& s = p.shape;
+  const int64_t tk = s.tokens * s.topk;
+  Layout l{};
+  int64_t off = 0;
+  auto take = [&](int64_t bytes) { int64_t at = off; off += round_up(bytes); return at; };
+  l.topk_ids = take(tk * 4);
+  l.topk_weights = take(tk * 4);
+  l.sorted_ids = take(p.max_rows * 4);
+  l.block_expert = take(p.max_blocks * 4);
+  l.num_rows_padded = take(4);
+  l.expert_counts = take(s.experts * 4);
+  l.status = take(4);
+  l.act = take(p.max_rows * s.inter * 2);
+  l.y_rows = take(tk * s.hidden * 2);
+  l.total = off;
+  return l;
+}
+}  // namespace
+
+size_t workspace_bytes(const ForwardPlan& plan) { return size_t(layout_of(plan).total); }
+
+Workspace carve_workspace(const ForwardPlan& p, void* base, size_t bytes) {
+  const Layout l = layout_of(p);
+  if (base == nullptr) detail::fail("carve_workspace", "base", "workspace pointer is null");
+  if (reinterpret_cast<uintptr_t>(base) % kAlign != 0)
+    detail::fail("carve_workspace", "base", "workspace must be 256-byte aligned");
+  if (int64_t(bytes) < l.total)
+    detail::fail("carve_workspace", "bytes", "workspace of " + std::to_string(bytes) + " bytes is smaller than workspace_bytes(plan) = " + std::to_string(l.total));
+  char* b = static_cast<char*>(base);
+  const MoeShape& s = p.shape;
+  const int64_t tk = s.tokens * s.topk;
+  Workspace ws;
+  ws.topk_ids = Tensor(b + l.topk_ids, DType::i32, {s.tokens, s.topk});
+  ws.topk_weights = Tensor(b + l.topk_weights, DType::f32, {s.tokens, s.topk});
+  ws.sorted_ids = Tensor(b + l.sorted_ids, DType::i32, {p.max_rows});
+  ws.block_expert = Tensor(b + l.block_expert, DType::i32, {p.max_blocks});
+  ws.num_rows_padded = Tensor(b + l.num_rows_padded, DType::i32, {1});
+  ws.expert_counts = Tensor(b + l.expert_counts, DType::i32, {s.experts});
+  ws.status = Tensor(b + l.status, DType::i32, {1});
+  ws.act = Tensor(b + l.act, DType::bf16, {p.max_rows, s.inter});
+  ws.y_rows = Tensor(b + l.y_rows, DType::bf16, {tk, s.hidden});
+  return ws;
+}
+
+}  // namespace moekit
