@@ -1,0 +1,132 @@
+// gpu_util.hpp — helpers of the GPU tests: the skip-without-GPU fixture, device buffers,
+// fresh random inputs, poisoning, and a host-side model of one layer.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "moekit/moe.hpp"
+#include "reference/reference.hpp"
+
+namespace moekit::test {
+
+// GPU tests skip (visibly: ctest reports "Skipped") when there is no CUDA device.
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      cudaGetLastError();
+      GTEST_SKIP() << "no CUDA GPU on this machine: GPU tests run in scripts/gpu-check";
+    }
+    MK_CUDA_CHECK(cudaStreamCreate(&stream));
+  }
+  void TearDown() override {
+    if (stream) cudaStreamDestroy(stream);
+  }
+  cudaStream_t stream = nullptr;
+};
+
+// A fresh seed per run (printed on failure via SCOPED_TRACE by the callers).
+inline uint64_t fresh_seed() { return (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}(); }
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : count(n) {
+    if (n) MK_CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T)));
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr, o.count = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr, o.ptr), std::swap(count, o.count);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  void upload(const std::vector<T>& host) {
+    MK_CUDA_CHECK(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download(size_t n = size_t(-1)) const {
+    std::vector<T> host(n == size_t(-1) ? count : n);
+    if (!host.empty()) MK_CUDA_CHECK(cudaMemcpy(host.data(), ptr, host.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  // Poison: all bits set (NaN for floats and bf16, -1 for ints) so unwritten outputs show.
+  void poison() {
+    if (count) MK_CUDA_CHECK(cudaMemset(ptr, 0xff, count * sizeof(T)));
+  }
+};
+
+inline std::vector<ref::bf16> random_bf16(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<ref::bf16> v(n);
+  for (auto& x : v) x = ref::to_bf16(d(rng));
+  return v;
+}
+inline std::vector<float> random_f32(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+// Small integers in [-r, r] as bf16: GEMMs over them are exact in FP32.
+inline std::vector<ref::bf16> small_int_bf16(size_t n, std::mt19937_64& rng, int r) {
+  std::uniform_int_distribution<int> d(-r, r);
+  std::vector<ref::bf16> v(n);
+  for (auto& x : v) x = ref::to_bf16(float(d(rng)));
+  return v;
+}
+
+inline std::vector<double> to_double(const std::vector<ref::bf16>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = ref::to_float(v[i]);
+  return d;
+}
+
+// Routings the adversarial tests use: each returns topk_ids [T*k] (distinct ids per token).
+enum class RoutingKind { Uniform, AllOnOne, EmptyExperts, SingleToken };
+inline std::vector<int32_t> make_routing(RoutingKind kind, int64_t T, int64_t k, int64_t E, std::mt19937_64& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(T * k));
+  std::vector<int32_t> perm(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) perm[size_t(e)] = int32_t(e);
+    if (kind == RoutingKind::AllOnOne) {
+      // Every token: slot 0 on expert E-1, the rest on the lowest ids (distinct).
+      for (int64_t j = 0; j < k; ++j) ids[size_t(t * k + j)] = j == 0 ? int32_t(E - 1) : int32_t(j - 1);
+      continue;
+    }
+    const int64_t pool = kind == RoutingKind::EmptyExperts ? std::max<int64_t>(k, E / 4) : E;
+    std::shuffle(perm.begin(), perm.begin() + pool, rng);
+    for (int64_t j = 0; j < k; ++j) ids[size_t(t * k + j)] = perm[size_t(j)];
+  }
+  return ids;
+}
+
+// Exactly `counts[e]` assignments per expert (sum must be T*k, each token's ids distinct when
+// counts allow): used for the 0 / 1 / BLOCK_M / BLOCK_M+1 cases. Assignment a goes to the expert
+// round-robin over a per-expert quota, which keeps a token's k ids distinct when every count <= T.
+inline std::vector<int32_t> routing_with_counts(const std::vector<int64_t>& counts, int64_t k) {
+  std::vector<int32_t> ids;
+  for (size_t e = 0; e < counts.size(); ++e)
+    for (int64_t c = 0; c < counts[e]; ++c) ids.push_back(int32_t(e));
+  // Column-major fill: slot j of token t gets ids[j*T + t], so equal ids land on distinct tokens.
+  const int64_t T = int64_t(ids.size()) / k;
+  std::vector<int32_t> out(ids.size());
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t t = 0; t < T; ++t) out[size_t(t * k + j)] = ids[size_t(j * T + t)];
+  return out;
+}
+
+}  // namespace moekit::test

@@ -1,0 +1,116 @@
+// router_test.cu — stage 1 on the GPU against the CPU oracle, bitwise: ids and weights equal.
+#include <cmath>
+
+#include "gpu_util.hpp"
+
+namespace moekit::test {
+namespace {
+
+struct RouterCase {
+  int64_t T, H, E, k;
+  Scoring scoring;
+  bool renormalize, bias, logits_given, w_gate_f32;
+  int64_t n_group, topk_group;
+  float scale;
+};
+
+class RouterTest : public GpuTest {
+ protected:
+  // Runs the GPU router and the oracle on the same inputs; returns nothing, asserts bitwise.
+  void check(const RouterCase& c, std::vector<float> logits_override = {}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " T=" + std::to_string(c.T) + " E=" + std::to_string(c.E) +
+                 " k=" + std::to_string(c.k));
+    std::mt19937_64 rng(seed);
+    const auto x = random_bf16(size_t(c.T * c.H), rng);
+    const auto wg_bf16 = random_bf16(size_t(c.E * c.H), rng, 1.0f / std::sqrt(float(c.H)));
+    std::vector<float> wg_f32(static_cast<size_t>(c.E * c.H));
+    for (size_t i = 0; i < wg_f32.size(); ++i) wg_f32[i] = ref::to_float(wg_bf16[i]) * 1.25f;
+    auto logits = logits_override.empty() ? random_f32(size_t(c.T * c.E), rng, 2.0f) : logits_override;
+    const auto bias = random_f32(size_t(c.E), rng, 0.5f);
+
+    DeviceBuffer<ref::bf16> d_x(x);
+    DeviceBuffer<ref::bf16> d_wg16(wg_bf16);
+    DeviceBuffer<float> d_wg32(wg_f32), d_logits(logits), d_bias(bias);
+    DeviceBuffer<int32_t> d_ids(static_cast<size_t>(c.T * c.k));
+    DeviceBuffer<float> d_w(static_cast<size_t>(c.T * c.k));
+    d_ids.poison();
+    d_w.poison();
+
+    RouterOptions opt;
+    opt.scoring = c.scoring;
+    opt.renormalize = c.renormalize;
+    opt.n_group = c.n_group;
+    opt.topk_group = c.topk_group;
+    opt.routed_scaling_factor = c.scale;
+    Tensor tx(d_x.ptr, DType::bf16, {c.T, c.H});
+    Tensor twg = c.w_gate_f32 ? Tensor(d_wg32.ptr, DType::f32, {c.E, c.H}) : Tensor(d_wg16.ptr, DType::bf16, {c.E, c.H});
+    Tensor tlog = c.logits_given ? Tensor(d_logits.ptr, DType::f32, {c.T, c.E}) : Tensor();
+    Tensor tbias = c.bias ? Tensor(d_bias.ptr, DType::f32, {c.E}) : Tensor();
+    route(tx, c.logits_given ? Tensor() : twg, tlog, tbias, opt, Tensor(d_ids.ptr, DType::i32, {c.T, c.k}),
+          Tensor(d_w.ptr, DType::f32, {c.T, c.k}), stream);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+    if (!c.logits_given)
+      logits = c.w_gate_f32 ? ref::router_logits(x.data(), wg_f32.data(), DType::f32, c.T, c.H, c.E)
+                            : ref::router_logits(x.data(), wg_bf16.data(), DType::bf16, c.T, c.H, c.E);
+    const ref::Routing want = ref::route(logits.data(), c.bias ? bias.data() : nullptr, c.T, c.E, c.k, opt);
+    const auto ids = d_ids.download();
+    const auto w = d_w.download();
+    for (int64_t i = 0; i < c.T * c.k; ++i) {
+      ASSERT_EQ(ids[size_t(i)], want.ids[size_t(i)]) << "token " << i / c.k << " slot " << i % c.k;
+      uint32_t a, b;
+      std::memcpy(&a, &w[size_t(i)], 4);
+      std::memcpy(&b, &want.weights[size_t(i)], 4);
+      ASSERT_EQ(a, b) << "weight bits differ at token " << i / c.k << " slot " << i % c.k << ": " << w[size_t(i)]
+                      << " vs " << want.weights[size_t(i)];
+    }
+  }
+};
+
+TEST_F(RouterTest, SoftmaxFromLogitsEverySize) {
+  for (int64_t E : {8, 32, 33, 64, 128, 256, 512})
+    for (int64_t k : {1, 2, 8, 16})
+      if (k <= E) check({37, 64, E, k, Scoring::softmax, true, false, true, false, 0, 0, 1.0f});
+}
+
+TEST_F(RouterTest, LogitsFromXAndWGate) {
+  check({19, 4096, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});    // mixtral-like
+  check({21, 2048, 128, 8, Scoring::softmax, true, false, false, true, 0, 0, 1.0f});   // f32 w_gate
+  check({5, 7168, 256, 8, Scoring::sigmoid, true, true, false, false, 8, 4, 2.5f});    // deepseek-like
+  check({3, 72, 40, 3, Scoring::softmax, false, false, false, false, 0, 0, 1.0f});      // H not /256
+}
+
+TEST_F(RouterTest, SigmoidBiasGroupedScaled) {
+  check({64, 64, 256, 8, Scoring::sigmoid, true, true, true, false, 8, 4, 2.5f});
+  check({64, 64, 64, 6, Scoring::sigmoid, false, true, true, false, 4, 2, 1.0f});
+  check({64, 64, 64, 4, Scoring::softmax, true, false, true, false, 8, 3, 1.0f});  // groups, no bias: max
+  check({64, 64, 512, 16, Scoring::sigmoid, true, true, true, false, 32, 8, 1.5f});
+}
+
+TEST_F(RouterTest, TiedScoresLowerIdWins) {
+  // Every logit equal: the k lowest ids, in order. Then pairs of ties scattered over the row.
+  const int64_t T = 8, E = 64, k = 8;
+  check({T, 64, E, k, Scoring::softmax, true, false, true, false, 0, 0, 1.0f}, std::vector<float>(size_t(T * E), 0.5f));
+  std::vector<float> logits(static_cast<size_t>(T * E));
+  for (int64_t i = 0; i < T * E; ++i) logits[size_t(i)] = float((i * 7) % 5);
+  check({T, 64, E, k, Scoring::softmax, true, false, true, false, 0, 0, 1.0f}, logits);
+  check({T, 64, E, k, Scoring::sigmoid, true, true, true, false, 8, 2, 1.0f}, logits);
+}
+
+TEST_F(RouterTest, NanLogitsStillGiveDistinctIds) {
+  const int64_t T = 4, E = 16, k = 4;
+  std::vector<float> logits(size_t(T * E), 1.0f);
+  for (int64_t i = 0; i < T * E; i += 3) logits[size_t(i)] = NAN;
+  check({T, 64, E, k, Scoring::sigmoid, false, false, true, false, 0, 0, 1.0f}, logits);
+}
+
+TEST_F(RouterTest, EmptyInputIsValid) {
+  RouterOptions opt;
+  route(Tensor(), Tensor(), Tensor(reinterpret_cast<void*>(256), DType::f32, {0, 8}), Tensor(), opt,
+        Tensor(nullptr, DType::i32, {0, 2}), Tensor(nullptr, DType::f32, {0, 2}), stream);
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace
+}  // namespace moekit::test
