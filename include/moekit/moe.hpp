@@ -80,6 +80,7 @@ const std::vector<GemmConfig>& compiled_gemm_configs();
 
 // Workspace: one caller-owned device buffer, carved into the intermediate tensors.
 struct Workspace {
+  Tensor router_logits;    // [T, E] f32: route()'s logits_scratch
   Tensor topk_ids;         // [T, k] i32
   Tensor topk_weights;     // [T, k] f32
   Tensor sorted_ids;       // [max_rows] i32: assignment a = t*k+j, or T*k on padding rows
@@ -105,9 +106,12 @@ void check_status(const Workspace& ws, cudaStream_t stream);
 // (w_gate bf16 or f32; FP32 accumulation in a fixed order). score_bias [E] f32 is optional.
 // Writes topk_ids [T,k] i32 and topk_weights [T,k] f32, in descending order of the selection
 // score; equal scores: the lower expert id wins.
+// logits_scratch [T,E] f32 (optional, used when logits are computed): with it, the logits are
+// computed by a kernel spread over many SMs and written there first — faster whenever w_gate is
+// large (DeepSeek-V3: 3.7 MB); the result is bitwise the same either way.
 void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Tensor& score_bias,
            const RouterOptions& opt, const Tensor& topk_ids, const Tensor& topk_weights,
-           cudaStream_t stream);
+           cudaStream_t stream, const Tensor& logits_scratch = Tensor());
 
 // ---- Stage 2: align -------------------------------------------------------------------------
 // topk_ids [T,k] i32 -> ws.sorted_ids, block_expert, num_rows_padded, expert_counts. One launch.

@@ -42,7 +42,8 @@ void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptio
     detail::fail(fn, "w_gate", "give router_logits [T, E] or w_gate [E, H]");
   const Workspace ws = carve_workspace(plan, workspace, workspace_bytes);
   nvtxRangePushA("moekit.moe_forward");
-  route(in.x, in.w_gate, in.router_logits, in.score_bias, opt, ws.topk_ids, ws.topk_weights, stream);
+  route(in.x, in.w_gate, in.router_logits, in.score_bias, opt, ws.topk_ids, ws.topk_weights, stream,
+        ws.router_logits);
   experts_forward(plan, in.x, in.w13, in.w2, ws.topk_ids, ws.topk_weights, y, workspace,
                   workspace_bytes, stream);
   nvtxRangePop();

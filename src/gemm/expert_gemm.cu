@@ -1,7 +1,9 @@
 // expert_gemm.cu — stages 3-4 launchers: validate, then run the compiled config the plan names.
-// Grid: x = every block of the worst-case aligned layout (blocks past num_rows_padded exit at
-// once: the true length lives on the device), y = column tiles.
+// The grid is persistent (SMs x resident CTAs, at most the worst-case number of tiles); the
+// kernel reads the true number of blocks from the device.
 #include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
 
 #include "common/cuda_check.hpp"
 #include "common/validate.hpp"
@@ -13,17 +15,23 @@ namespace moekit {
 namespace {
 
 template <kernels::gemm::Mode M, int BM, int BN, int BK, int WM, int WN, int ST>
-void launch_instance(const kernels::gemm::Params& p, int64_t max_blocks, cudaStream_t stream) {
+void launch_instance(kernels::gemm::Params p, int64_t max_blocks, cudaStream_t stream) {
   using Cfg = kernels::gemm::Tile<BM, BN, BK, WM, WN, ST>;
   auto kernel = kernels::gemm::expert_gemm_kernel<M, BM, BN, BK, WM, WN, ST>;
-  static const bool raised = [&] {  // once per instance, outside any capture-sensitive path
+  // Once per instance: raise the shared-memory limit and size the persistent grid from the
+  // device (SM count x resident CTAs). Not per call: keeps the hot path free of queries.
+  static const int64_t resident_ctas = [&] {
     MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
-    return true;
+    int device = 0, sms = 0, per_sm = 0;
+    MK_CUDA_CHECK(cudaGetDevice(&device));
+    MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
+    return int64_t(sms) * std::max(per_sm, 1);
   }();
-  (void)raised;
-  const int64_t cols = M == kernels::gemm::Mode::Up ? BN / 2 : BN;
-  const dim3 grid(unsigned(max_blocks), unsigned((p.n_dim + cols - 1) / cols));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+  const int64_t cols = Cfg::template cols_per_tile<M>();
+  p.n_tiles = (p.n_dim + cols - 1) / cols;
+  const int64_t grid = std::max<int64_t>(1, std::min(resident_ctas, max_blocks * p.n_tiles));
+  kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   MK_LAUNCH_CHECK("expert_gemm_kernel");
 }
 

@@ -33,6 +33,7 @@ struct Params {
   int64_t k_dim;                 // reduction length: H (Up) or F (Down)
   int64_t n_dim;                 // output columns: F (Up) or H (Down)
   int64_t b_expert_stride;       // elements per expert in b
+  int64_t n_tiles;               // column tiles: ceil(n_dim / cols_per_tile)
   int topk;
 };
 
@@ -46,6 +47,9 @@ struct Tile {
   static constexpr int kBIters = BN * kChunks / kThreads;
   static constexpr int kStageElems = (BM + BN) * BK;
   static constexpr size_t kSmemBytes = size_t(STAGES) * kStageElems * 2 + size_t(BM) * 4;
+  // Up: the tile's BN rows of B are BN/2 gate rows and the same BN/2 up rows.
+  template <Mode M>
+  static constexpr int cols_per_tile() { return M == Mode::Up ? BN / 2 : BN; }
   static_assert(BK == 64 || BK == 128, "the XOR swizzle needs at least 8 chunks per row");
   static_assert(TM % 16 == 0 && TN % 16 == 0, "warp tile must hold whole m16 and pairs of n8 fragments");
   static_assert(BM * kChunks % kThreads == 0 && BN * kChunks % kThreads == 0, "loads must split evenly");
@@ -84,21 +88,18 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// One output tile: rows [block*BM, +BM) of the aligned layout, columns n_tile of the output.
 template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
-__global__ void __launch_bounds__(Tile<BM, BN, BK, WM, WN, STAGES>::kThreads)
-expert_gemm_kernel(const Params p) {
+__device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_t n_tile,
+                                          unsigned char* smem_raw) {
   using Cfg = Tile<BM, BN, BK, WM, WN, STAGES>;
   constexpr int CH = Cfg::kChunks, MI = Cfg::MI, NI = Cfg::NI;
-  // Up: the tile's BN rows of B are BN/2 gate rows and the same BN/2 up rows.
-  constexpr int kColsPerTile = M == Mode::Up ? BN / 2 : BN;
+  constexpr int kColsPerTile = Cfg::template cols_per_tile<M>();
 
-  const int64_t block = blockIdx.x;
   const int64_t row0 = block * BM;
-  if (row0 >= *p.num_rows_padded) return;  // past the used blocks (grid sized for the worst case)
   const int expert = p.block_expert[block];
-  const int64_t n0 = int64_t(blockIdx.y) * kColsPerTile;
+  const int64_t n0 = n_tile * kColsPerTile;
 
-  extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   int32_t* s_ids = reinterpret_cast<int32_t*>(smem_raw + size_t(STAGES) * Cfg::kStageElems * 2);
   const int tid = int(threadIdx.x);
@@ -240,6 +241,28 @@ expert_gemm_kernel(const Params p) {
         }
       }
     }
+}
+
+// Persistent grid: a CTA walks work items (block, column tile) with a stride of the grid. The
+// number of used blocks is read from the device (no host sync, graph-safe). Items are ordered
+// in groups of kGroupBlocks blocks, column tiles outermost inside a group, so the CTAs running
+// at once share a few experts' B tiles and a few blocks' A rows in L2.
+constexpr int64_t kGroupBlocks = 8;
+
+template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
+__global__ void __launch_bounds__(Tile<BM, BN, BK, WM, WN, STAGES>::kThreads, 1)
+expert_gemm_kernel(const Params p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const int64_t blocks = *p.num_rows_padded / BM;
+  const int64_t items = blocks * p.n_tiles;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t group = item / (kGroupBlocks * p.n_tiles);
+    const int64_t first = group * kGroupBlocks;
+    const int64_t in_group = min(kGroupBlocks, blocks - first);
+    const int64_t j = item - group * kGroupBlocks * p.n_tiles;
+    gemm_tile<M, BM, BN, BK, WM, WN, STAGES>(p, first + j % in_group, j / in_group, smem_raw);
+    __syncthreads();  // the next item refills the stages and s_ids
+  }
 }
 
 }  // namespace moekit::kernels::gemm

@@ -23,7 +23,7 @@ void launch(const kernels::router::Params& p, DType w_dtype, cudaStream_t stream
 
 void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Tensor& score_bias,
            const RouterOptions& opt, const Tensor& topk_ids, const Tensor& topk_weights,
-           cudaStream_t stream) {
+           cudaStream_t stream, const Tensor& logits_scratch) {
   const char* fn = "route";
   if (topk_ids.rank != 2) detail::fail(fn, "topk_ids", "expected shape [T, k], got " + topk_ids.shape_str());
   const int64_t T = topk_ids.dim(0), k = topk_ids.dim(1);
@@ -60,6 +60,8 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
     if (opt.topk_group * (E / opt.n_group) < k)
       detail::fail(fn, "opt.topk_group", "the kept groups hold fewer than k experts");
   }
+  const bool use_scratch = !logits.given() && logits_scratch.given();
+  if (use_scratch) detail::expect_tensor(fn, "logits_scratch", logits_scratch, DType::f32, {T, E});
   if (T == 0) return;
 
   kernels::router::Params p{};
@@ -80,6 +82,16 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
   p.routed_scaling_factor = opt.routed_scaling_factor;
 
   nvtxRangePushA("moekit.route");
+  if (use_scratch) {  // logits over many CTAs first, then selection from them
+    const dim3 grid(unsigned((E + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock),
+                    unsigned((T + kernels::router::kLogitTokens - 1) / kernels::router::kLogitTokens));
+    if (w_gate.dtype == DType::bf16)
+      kernels::router::logits_kernel<__nv_bfloat16><<<grid, 32 * kernels::router::kWarpsPerBlock, 0, stream>>>(p, logits_scratch.as<float>());
+    else
+      kernels::router::logits_kernel<float><<<grid, 32 * kernels::router::kWarpsPerBlock, 0, stream>>>(p, logits_scratch.as<float>());
+    MK_LAUNCH_CHECK("logits_kernel");
+    p.logits = logits_scratch.as<const float>();
+  }
   if (E <= 32) launch<1>(p, w_gate.dtype, stream);
   else if (E <= 64) launch<2>(p, w_gate.dtype, stream);
   else if (E <= 128) launch<4>(p, w_gate.dtype, stream);

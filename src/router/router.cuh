@@ -77,6 +77,54 @@ __device__ __forceinline__ float logit_dot(const __nv_bfloat16* x_row, const WT*
   return dev::warp_tree_sum(acc);
 }
 
+// logits[t, e] = x[t]·w_gate[e] for kLogitTokens tokens and one expert per warp: the w_gate
+// chunk is loaded once and used for every token of the tile, and the grid spreads the w_gate
+// read over many SMs (DeepSeek-V3's is 3.7 MB: one warp per token would read it on one SM).
+// Each logit is still one lane-strided FMA chain + the butterfly: bitwise logit_dot's value.
+constexpr int kLogitTokens = 8;
+
+template <class WT>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock) logits_kernel(Params p, float* logits) {
+  const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
+  const int e = int(blockIdx.x) * kWarpsPerBlock + warp;
+  if (e >= p.experts) return;
+  const int64_t t0 = int64_t(blockIdx.y) * kLogitTokens;
+  const int tokens = int(min(int64_t(kLogitTokens), p.tokens - t0));
+  const WT* w_row = static_cast<const WT*>(p.w_gate) + int64_t(e) * p.hidden;
+  float acc[kLogitTokens];
+#pragma unroll
+  for (int i = 0; i < kLogitTokens; ++i) acc[i] = 0.0f;
+  for (int64_t c = lane; c < p.hidden / canon::kLogitChunk; c += 32) {
+    float w[8];
+    if constexpr (sizeof(WT) == 4) {
+      const float4 w0 = *reinterpret_cast<const float4*>(w_row + c * 8);
+      const float4 w1 = *reinterpret_cast<const float4*>(w_row + c * 8 + 4);
+      w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
+    } else {
+      const uint4 wv = *reinterpret_cast<const uint4*>(w_row + c * 8);
+      const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) w[2 * q] = dev::bf16_lo(ws[q]), w[2 * q + 1] = dev::bf16_hi(ws[q]);
+    }
+#pragma unroll
+    for (int i = 0; i < kLogitTokens; ++i) {
+      if (i >= tokens) break;
+      const uint4 xv = *reinterpret_cast<const uint4*>(p.x + (t0 + i) * p.hidden + c * 8);
+      const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        acc[i] = canon::fma(dev::bf16_lo(xs[q]), w[2 * q], acc[i]);
+        acc[i] = canon::fma(dev::bf16_hi(xs[q]), w[2 * q + 1], acc[i]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kLogitTokens; ++i) {
+    const float v = dev::warp_tree_sum(acc[i]);
+    if (lane == 0 && i < tokens) logits[(t0 + i) * p.experts + e] = v;
+  }
+}
+
 template <int EPL, class WT>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
   __shared__ float s_choice[kWarpsPerBlock][32 * EPL];

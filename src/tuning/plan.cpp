@@ -97,7 +97,7 @@ constexpr int64_t kAlign = 256;
 int64_t round_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 struct Layout {
-  int64_t topk_ids, topk_weights, sorted_ids, block_expert, num_rows_padded, expert_counts, status,
+  int64_t router_logits, topk_ids, topk_weights, sorted_ids, block_expert, num_rows_padded, expert_counts, status,
       act, y_rows, total;
 };
 
@@ -107,6 +107,7 @@ Layout layout_of(const ForwardPlan& p) {
   Layout l{};
   int64_t off = 0;
   auto take = [&](int64_t bytes) { int64_t at = off; off += round_up(bytes); return at; };
+  l.router_logits = take(s.tokens * s.experts * 4);
   l.topk_ids = take(tk * 4);
   l.topk_weights = take(tk * 4);
   l.sorted_ids = take(p.max_rows * 4);
@@ -134,6 +135,7 @@ Workspace carve_workspace(const ForwardPlan& p, void* base, size_t bytes) {
   const MoeShape& s = p.shape;
   const int64_t tk = s.tokens * s.topk;
   Workspace ws;
+  ws.router_logits = Tensor(b + l.router_logits, DType::f32, {s.tokens, s.experts});
   ws.topk_ids = Tensor(b + l.topk_ids, DType::i32, {s.tokens, s.topk});
   ws.topk_weights = Tensor(b + l.topk_weights, DType::f32, {s.tokens, s.topk});
   ws.sorted_ids = Tensor(b + l.sorted_ids, DType::i32, {p.max_rows});

@@ -47,16 +47,29 @@ class RouterTest : public GpuTest {
     Tensor twg = c.w_gate_f32 ? Tensor(d_wg32.ptr, DType::f32, {c.E, c.H}) : Tensor(d_wg16.ptr, DType::bf16, {c.E, c.H});
     Tensor tlog = c.logits_given ? Tensor(d_logits.ptr, DType::f32, {c.T, c.E}) : Tensor();
     Tensor tbias = c.bias ? Tensor(d_bias.ptr, DType::f32, {c.E}) : Tensor();
-    route(tx, c.logits_given ? Tensor() : twg, tlog, tbias, opt, Tensor(d_ids.ptr, DType::i32, {c.T, c.k}),
-          Tensor(d_w.ptr, DType::f32, {c.T, c.k}), stream);
-    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // Logits computed from x and w_gate: both the fused path and the scratch (multi-CTA) path.
+    DeviceBuffer<float> d_scratch(static_cast<size_t>(c.T * c.E));
+    for (bool scratch : {false, true}) {
+      if (scratch && c.logits_given) break;
+      SCOPED_TRACE(scratch ? "logits through scratch" : "fused logits");
+      d_ids.poison();
+      d_w.poison();
+      route(tx, c.logits_given ? Tensor() : twg, tlog, tbias, opt, Tensor(d_ids.ptr, DType::i32, {c.T, c.k}),
+            Tensor(d_w.ptr, DType::f32, {c.T, c.k}), stream,
+            scratch ? Tensor(d_scratch.ptr, DType::f32, {c.T, c.E}) : Tensor());
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      expect_equal(c, logits, bias, opt, d_ids.download(), d_w.download(), x, wg_bf16, wg_f32);
+    }
+  }
 
+  void expect_equal(const RouterCase& c, std::vector<float> logits, const std::vector<float>& bias,
+                    const RouterOptions& opt, const std::vector<int32_t>& ids, const std::vector<float>& w,
+                    const std::vector<ref::bf16>& x, const std::vector<ref::bf16>& wg_bf16,
+                    const std::vector<float>& wg_f32) {
     if (!c.logits_given)
       logits = c.w_gate_f32 ? ref::router_logits(x.data(), wg_f32.data(), DType::f32, c.T, c.H, c.E)
                             : ref::router_logits(x.data(), wg_bf16.data(), DType::bf16, c.T, c.H, c.E);
     const ref::Routing want = ref::route(logits.data(), c.bias ? bias.data() : nullptr, c.T, c.E, c.k, opt);
-    const auto ids = d_ids.download();
-    const auto w = d_w.download();
     for (int64_t i = 0; i < c.T * c.k; ++i) {
       ASSERT_EQ(ids[size_t(i)], want.ids[size_t(i)]) << "token " << i / c.k << " slot " << i % c.k;
       uint32_t a, b;
