@@ -1,1 +1,326 @@
-// placeholder
+// bench.cu — `moekit bench`: for each T, run the layer once and check it against the CPU oracle
+// (check.cpp), then time every stage alone, the experts (up+down), the whole layer and the layer
+// replayed from a CUDA graph, with the streaming-read and dense-GEMM ceilings and the cuBLAS
+// baselines measured in the same run (DESIGN.md "Measuring"). Prints a table; --json writes rows.
+//
+//   build/moekit bench --preset qwen3-30b-a3b --tokens 1,16,64,512 --json qwen.json
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+#include "ceilings.cuh"
+#include "layer.cuh"
+#include "metrics.hpp"
+#include "report.hpp"
+#include "skew.hpp"
+
+namespace moekit::cli {
+
+namespace {
+
+// Timed weights must come from HBM, not L2: when the touched experts' bytes are below
+// kRotateL2Multiple x L2, successive steps rotate among bitwise-identical weight copies whose
+// touched bytes together exceed it, so a copy's lines are evicted before that copy comes back.
+// (Activations and the workspace are not rotated: in a model they are hot in L2 as well. w_gate,
+// 0.03-3.7 MB, rotates only with the weight copies; where they are few it may hit in L2, which
+// can understate the router by at most its HBM read time, about 1 us.)
+constexpr int64_t kRotateL2Multiple = 4;
+constexpr int kMaxWeightCopies = 64;
+// Device memory kept free when adding copies: room for the baselines' buffers and cuBLAS.
+constexpr int64_t kKeepFreeBytes = int64_t(2) << 30;
+
+std::string iso_utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return b;
+}
+
+struct Context {
+  const BenchArgs& args;
+  GpuLayer& layer;
+  const DeviceInfo& dev;
+  const RunInfo& info;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+};
+
+// Byte ranges of the weights `stage` reads in weight copy c: what its read time streams.
+std::vector<std::pair<const void*, int64_t>> weight_ranges(const std::string& stage, const GpuLayer& layer, int c,
+                                                           const std::vector<int32_t>& touched) {
+  const MoeShape& s = layer.spec().shape;
+  const int64_t w13_e = 2 * s.inter * s.hidden * 2, w2_e = s.hidden * s.inter * 2;  // bytes per expert
+  std::vector<std::pair<const void*, int64_t>> r;
+  const bool router = stage == "router" || stage == "layer";
+  const bool up = stage == "up" || stage == "experts" || stage == "layer";
+  const bool down = stage == "down" || stage == "experts" || stage == "layer";
+  if (router) r.emplace_back(layer.w_gate(c).data, s.experts * s.hidden * 2);
+  for (int32_t e : touched) {
+    if (up) r.emplace_back(static_cast<const char*>(layer.w13(c).data) + e * w13_e, w13_e);
+    if (down) r.emplace_back(static_cast<const char*>(layer.w2(c).data) + e * w2_e, w2_e);
+  }
+  return r;
+}
+
+// One instantiated CUDA graph of the whole layer per weight copy.
+class LayerGraphs {
+ public:
+  LayerGraphs() = default;
+  LayerGraphs(const LayerGraphs&) = delete;
+  LayerGraphs& operator=(const LayerGraphs&) = delete;
+  ~LayerGraphs() {
+    for (cudaGraphExec_t e : exec_) cudaGraphExecDestroy(e);
+  }
+  // Global capture mode: any unsafe CUDA call inside moe_forward (a sync, an allocation) fails.
+  void capture(const std::function<void()>& enqueue, cudaStream_t stream) {
+    cudaGraph_t graph = nullptr;
+    MK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    try {
+      enqueue();
+    } catch (...) {
+      // Leave the stream usable; the error being thrown already says what went wrong.
+      if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    MK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    MK_CUDA_CHECK(cudaGraphDestroy(graph));
+    MK_CUDA_CHECK(err);
+    exec_.push_back(exec);
+  }
+  void launch(int i, cudaStream_t stream) const { MK_CUDA_CHECK(cudaGraphLaunch(exec_.at(size_t(i)), stream)); }
+
+ private:
+  std::vector<cudaGraphExec_t> exec_;
+};
+
+enum class Outcome { ok, check_failed, verify_failed };
+
+// Checks, times and reports one token count; `rows` gets every row that was measured. A failed
+// check times nothing; a failure after timing (determinism, a baseline) keeps the rows.
+Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
+  const BenchArgs& args = cx.args;
+  GpuLayer& layer = cx.layer;
+  const LayerSpec& spec = layer.spec();
+  const cudaStream_t s = cx.stream;
+  MoeShape shape = spec.shape;
+  shape.tokens = T;
+  const int64_t H = shape.hidden, F = shape.inter, E = shape.experts, A = shape.assignments();
+  const ForwardPlan plan = plan_forward(shape, cx.dev);
+  const DeviceBuffer x = random_activations(T, H, args.seed, kStreamX, s);
+  const DeviceBuffer y(T * H * 2), wsbuf(int64_t(workspace_bytes(plan)));
+  const Tensor xt(x.get(), DType::bf16, {T, H}), yt(y.get(), DType::bf16, {T, H});
+  void* const wsp = wsbuf.get();
+  const size_t wsb = size_t(wsbuf.bytes());
+  const Workspace ws = carve_workspace(plan, wsp, wsb);
+
+  // ---- check before timing: y poisoned with NaN (0xffff) so an unwritten row cannot pass.
+  MK_CUDA_CHECK(cudaMemsetAsync(y.get(), 0xff, size_t(y.bytes()), s));
+  moe_forward(plan, layer.inputs(0, xt), spec.router, yt, wsp, wsb, s);
+  const ForwardCheck chk = check_forward(layer, plan, ws, xt, yt, args.check_tokens, args.seed, s);
+  std::printf("\n%s\n", chk.summary.c_str());
+  if (!chk.ok) return Outcome::check_failed;
+  std::vector<uint16_t> y_checked(size_t(T * H)), y_after(size_t(T * H));
+  MK_CUDA_CHECK(cudaMemcpy(y_checked.data(), y.get(), size_t(y.bytes()), cudaMemcpyDeviceToHost));
+
+  // ---- weight copies for L2 rotation, sized by the experts this routing touches.
+  std::vector<int32_t> touched;
+  for (int64_t e = 0; e < E; ++e)
+    if (chk.expert_counts[size_t(e)] > 0) touched.push_back(int32_t(e));
+  // Sized for the smallest set a timed stage streams (down: the touched w2 slices, a third of
+  // the touched bytes), so every expert stage rotates past kRotateL2Multiple x L2.
+  const int64_t touched_bytes = int64_t(touched.size()) * 3 * H * F * 2, smallest = touched_bytes / 3;
+  const int64_t rotate_bytes = kRotateL2Multiple * cx.dev.l2_bytes;
+  const int want = smallest >= rotate_bytes ? 1 : int(std::min<int64_t>(kMaxWeightCopies, (rotate_bytes + smallest - 1) / smallest));
+  const int64_t baseline_bytes = args.no_baselines ? 0 : A * (2 * H + 3 * F) * 2;
+  // Copies made for an earlier T stay allocated; rotate among only as many as this T needs.
+  const int copies = std::min(want, layer.ensure_copies(want, kKeepFreeBytes + baseline_bytes, s));
+  std::string rotation = copies > 1 ? "rotating " + std::to_string(copies) + " weight copies" : "";
+  if (copies < want)
+    rotation += (rotation.empty() ? "" : " ") + std::string("(L2 rotation wanted ") + std::to_string(want) +
+                " weight copies: capped by device memory)";
+
+  // ---- moekit stages, each alone on the workspace of the checked run (inputs stay valid).
+  const int warmup = args.warmup, steps = args.steps;
+  auto timed = [&](const std::function<void(int)>& step) {
+    return time_median_ms(s, warmup, steps, [&](int i) { step(i % copies); });
+  };
+  auto up = [&](int c) { expert_up(plan, xt, layer.w13(c), ws, s); };
+  auto down = [&](int c) { expert_down(plan, layer.w2(c), ws.topk_weights, ws, s); };
+  auto forward = [&](int c) { moe_forward(plan, layer.inputs(c, xt), spec.router, yt, wsp, wsb, s); };
+  std::map<std::string, double> ms;
+  ms["router"] = timed([&](int c) {  // the call moe_forward makes, logits scratch included
+    route(xt, layer.w_gate(c), Tensor{}, layer.score_bias(), spec.router, ws.topk_ids, ws.topk_weights, s,
+          ws.router_logits);
+  });
+  ms["align"] = timed([&](int) { align(plan, ws.topk_ids, ws, s); });
+  ms["up"] = timed(up);
+  ms["down"] = timed(down);
+  ms["combine"] = timed([&](int) { combine(ws.y_rows, shape.topk, yt, s); });
+  ms["experts"] = timed([&](int c) {
+    up(c);
+    down(c);
+  });
+  ms["layer"] = timed(forward);
+  LayerGraphs graphs;
+  for (int c = 0; c < copies; ++c) graphs.capture([&] { forward(c); }, s);
+  ms["layer-graph"] = timed([&](int c) { graphs.launch(c, s); });
+
+  // ---- read time: the same weight bytes streamed with the same rotation.
+  std::map<std::string, double> read_ms;
+  for (const char* stage : {"router", "up", "down", "experts", "layer"}) {
+    std::vector<StreamReader> readers;
+    for (int c = 0; c < copies; ++c) readers.emplace_back(weight_ranges(stage, layer, c, touched));
+    read_ms[stage] = rotated_read_ms(readers, s, warmup, steps);
+  }
+  read_ms["layer-graph"] = read_ms["layer"];
+
+  std::vector<BaselineResult> baselines;
+  if (!args.no_baselines) {
+    BaselineRequest q;
+    q.layer = &layer;
+    q.tokens = T;
+    q.x = xt;
+    q.topk_ids = &chk.topk_ids;
+    q.copies = copies;
+    q.warmup = warmup;
+    q.steps = steps;
+    q.stream = s;
+    q.blas = cx.blas;
+    baselines = run_baselines(q);
+  }
+
+  // ---- after timing: the histogram and padded length from the workspace, and determinism.
+  MK_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<int32_t> counts(static_cast<size_t>(E));
+  int32_t rows_padded = 0;
+  MK_CUDA_CHECK(cudaMemcpy(counts.data(), ws.expert_counts.data, size_t(E) * 4, cudaMemcpyDeviceToHost));
+  MK_CUDA_CHECK(cudaMemcpy(&rows_padded, ws.num_rows_padded.data, 4, cudaMemcpyDeviceToHost));
+  MK_CUDA_CHECK(cudaMemcpy(y_after.data(), y.get(), size_t(y.bytes()), cudaMemcpyDeviceToHost));
+  bool ok = true;
+  if (y_after != y_checked) {
+    std::printf("DETERMINISM FAILED: y after the timed runs differs from the checked y (T=%lld)\n", (long long)T);
+    ok = false;
+  }
+  Routed routed{0, rows_padded, plan.block_m};
+  int32_t max_count = 0;
+  for (int32_t c : counts) {
+    routed.touched_experts += c > 0;
+    max_count = std::max(max_count, c);
+  }
+  const double tpe = A > 0 ? double(max_count) / (double(A) / double(E)) : 0;
+
+  auto make_row = [&](const std::string& stage, const std::string& impl, double t_ms, const std::string& note) {
+    Row r;
+    r.preset = spec.name;
+    r.shape = shape;
+    r.stage = stage;
+    r.impl = impl;
+    r.ms = t_ms;
+    r.cost = stage_cost(stage, shape, routed);
+    if (read_ms.count(stage)) r.read_time_ms = read_ms[stage];
+    r.tokens_per_expert_max_over_mean = tpe;
+    r.touched_experts = routed.touched_experts;
+    r.config = plan.str();
+    r.note = note;
+    r.weight_copies = copies;
+    r.skew = args.skew;
+    return r;
+  };
+  std::printf("plan: %s; %lld experts touched (%.1f MB of expert weights)%s%s%s\n", plan.str().c_str(),
+              (long long)routed.touched_experts, double(touched_bytes) / 1e6, rotation.empty() ? "" : "; ",
+              rotation.c_str(), ok ? "; y bitwise unchanged by the timed runs" : "");
+  print_table_header();
+  for (const char* stage : kStages) {
+    std::string note = rotation;
+    if (std::strcmp(stage, "layer-graph") == 0)
+      note = "moe_forward captured once per weight copy (global capture mode) and replayed" + (rotation.empty() ? "" : "; " + rotation);
+    rows.push_back(make_row(stage, "moekit", ms[stage], note));
+    print_row(rows.back(), cx.info);
+  }
+  for (const BaselineResult& b : baselines) {
+    if (!b.ok) {
+      std::printf("BASELINE FAILED: %s (row omitted)\n", b.error.c_str());
+      ok = false;
+      continue;
+    }
+    char err[48];
+    std::snprintf(err, sizeof err, "; checked rel err %.2e", b.check_err);
+    rows.push_back(make_row("experts", b.impl, b.ms, b.note + err + (rotation.empty() ? "" : "; " + rotation)));
+    print_row(rows.back(), cx.info);
+  }
+  return ok ? Outcome::ok : Outcome::verify_failed;
+}
+
+}  // namespace
+
+int run_bench(const BenchArgs& args, const std::string& command) {
+  const LayerSpec spec = resolve_layer(args.layer);  // option errors first, GPU or not
+  const GpuProbe gpu = probe_gpu();
+  if (gpu.kind != GpuKind::hopper) {
+    std::fprintf(stderr,
+                 "moekit bench needs an NVIDIA Hopper GPU (sm_90a: H100 or H200).\n"
+                 "  %s: %s.\n"
+                 "  On this machine, `moekit check` runs the CPU oracle instead.\n",
+                 gpu.kind == GpuKind::none ? "No CUDA device found" : "This GPU is not supported",
+                 gpu.detail.c_str());
+    return kExitNoGpu;
+  }
+  if (args.tokens.empty()) throw Error("--tokens: give at least one token count");
+  const DeviceInfo dev = query_device();
+  Stream stream;
+  Cublas blas(stream.s);
+
+  RunInfo info;
+  info.command = command;
+  info.date = iso_utc_now();
+  info.gpu = dev.name;
+  info.sm_count = dev.sm_count;
+  info.l2_bytes = dev.l2_bytes;
+  std::printf("moekit bench %s — %s on %s (%d SMs, L2 %.0f MB), %d steps after %d warm-up\n", kVersion,
+              spec.str().c_str(), dev.name.c_str(), dev.sm_count, double(dev.l2_bytes) / 1e6, args.steps, args.warmup);
+  const Ceilings ceil = measure_ceilings(dev, blas.h, stream.s, args.seed, args.warmup, args.steps);
+  info.read_ceiling_TBps = ceil.read_TBps;
+  info.read_ceiling_bytes = ceil.read_bytes;
+  info.dense_ceiling_TFLOPs = ceil.dense_TFLOPs;
+  info.dense_ceiling_dim = ceil.gemm_dim;
+  std::printf("ceilings: streaming read %.3f TB/s (%.2f GB buffer); dense bf16 GEMM %.1f TFLOP/s (cuBLAS %lld^3)\n",
+              ceil.read_TBps, double(ceil.read_bytes) / 1e9, ceil.dense_TFLOPs, (long long)ceil.gemm_dim);
+
+  GpuLayer layer(spec, args.seed, stream.s);
+  if (args.skew) {
+    const SkewResult r = calibrate_skew(layer, args.seed, stream.s);
+    std::printf("skew: router bias calibrated on %lld tokens: expert %d at %.2fx the mean load, others %.2fx..%.2fx "
+                "(worst |log(load/target)| %.2f); the bias picks experts, weights stay unbiased\n",
+                (long long)kSkewCalibTokens, r.hot_expert, r.hot_load, r.min_other, r.max_other, r.worst_log_error);
+  }
+
+  const Context cx{args, layer, dev, info, stream.s, blas.h};
+  std::vector<Row> rows;
+  bool ok = true;
+  for (int64_t T : args.tokens) {
+    const Outcome out = bench_tokens(cx, T, rows);
+    if (out == Outcome::check_failed) {
+      std::printf("check failed for T=%lld: nothing timed; stopping\n", (long long)T);
+      return kExitFailed;
+    }
+    ok = ok && out == Outcome::ok;
+  }
+  if (!args.json.empty()) {
+    write_json(args.json, info, rows);
+    std::printf("\nwrote %zu rows to %s\n", rows.size(), args.json.c_str());
+  }
+  return ok ? kExitOk : kExitFailed;
+}
+
+}  // namespace moekit::cli

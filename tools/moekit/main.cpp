@@ -1,1 +1,162 @@
-int main() { return 0; }
+// main.cpp — the `moekit` command line: parses the options of `bench` and `check` (CLI11) and
+// dispatches to run_bench (bench.cu) and run_check (check.cpp).
+//
+//   moekit bench --preset deepseek-v3 --tokens 1,16,64,512 --json out.json
+//   moekit check --cpu
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <string>
+
+#include "bench.hpp"
+#include "report.hpp"
+
+namespace moekit::cli {
+
+// The --json file of `moekit bench`: run-wide fields, then one object per row. Lives here
+// because this translation unit is plain C++ (nlohmann/json stays out of nvcc's way).
+void write_json(const std::string& path, const RunInfo& info, const std::vector<Row>& rows) {
+  using json = nlohmann::ordered_json;
+  json doc;
+  doc["command"] = info.command;
+  doc["date"] = info.date;
+  doc["gpu"] = info.gpu;
+  doc["sm_count"] = info.sm_count;
+  doc["l2_bytes"] = info.l2_bytes;
+  doc["read_ceiling_TBps"] = info.read_ceiling_TBps;
+  doc["read_ceiling_buffer_bytes"] = info.read_ceiling_bytes;
+  doc["dense_ceiling_TFLOPs"] = info.dense_ceiling_TFLOPs;
+  doc["dense_ceiling_gemm"] = std::to_string(info.dense_ceiling_dim) + "^3 bf16, FP32 accumulate, cublasGemmEx";
+  doc["moekit_version"] = kVersion;
+  json out = json::array();
+  for (const Row& r : rows) {
+    json j;
+    j["preset"] = r.preset;
+    j["tokens"] = r.shape.tokens;
+    j["stage"] = r.stage;
+    j["impl"] = r.impl;
+    j["ms"] = r.ms;
+    j["bytes"] = r.cost.bytes();
+    j["weight_bytes"] = r.cost.weight_bytes;
+    j["act_bytes"] = r.cost.act_bytes;
+    j["flops"] = r.cost.flops;
+    j["TBps"] = r.TBps();
+    j["TFLOPs"] = r.TFLOPs();
+    j["read_ceiling_TBps"] = info.read_ceiling_TBps;
+    j["dense_ceiling_TFLOPs"] = info.dense_ceiling_TFLOPs;
+    j["frac_read"] = r.TBps() / info.read_ceiling_TBps;
+    j["frac_dense"] = r.TFLOPs() / info.dense_ceiling_TFLOPs;
+    j["read_time_ms"] = r.read_time_ms ? json(*r.read_time_ms) : json(nullptr);
+    j["tokens_per_expert_max_over_mean"] = r.tokens_per_expert_max_over_mean;
+    j["touched_experts"] = r.touched_experts;
+    j["hidden"] = r.shape.hidden;
+    j["inter"] = r.shape.inter;
+    j["experts"] = r.shape.experts;
+    j["topk"] = r.shape.topk;
+    j["skew"] = r.skew;
+    j["weight_copies"] = r.weight_copies;
+    j["gpu"] = info.gpu;
+    j["date"] = info.date;
+    j["config"] = r.config;
+    j["note"] = r.note;
+    out.push_back(std::move(j));
+  }
+  doc["rows"] = std::move(out);
+  std::ofstream f(path);
+  if (!f) throw Error("--json: cannot open '" + path + "' for writing");
+  f << doc.dump(2) << "\n";
+  if (!f) throw Error("--json: writing '" + path + "' failed");
+}
+
+}  // namespace moekit::cli
+
+namespace {
+
+using moekit::cli::LayerArgs;
+
+std::string preset_list() {
+  std::string s;
+  for (const std::string& n : moekit::cli::preset_names()) s += (s.empty() ? "" : "|") + n;
+  return s;
+}
+
+void add_layer_options(CLI::App* cmd, LayerArgs& a, bool full) {
+  cmd->add_option("--preset", a.preset, "model layer: " + preset_list())->capture_default_str();
+  if (!full) return;
+  cmd->add_option("--hidden", a.hidden, "H: hidden size (overrides the preset)");
+  cmd->add_option("--inter", a.inter, "F: expert intermediate size");
+  cmd->add_option("--experts", a.experts, "E: number of experts");
+  cmd->add_option("--topk", a.topk, "k: experts per token");
+  cmd->add_option("--n-group", a.n_group, "expert groups for grouped top-k (0 = off)");
+  cmd->add_option("--topk-group", a.topk_group, "groups kept per token when --n-group > 0");
+  cmd->add_option("--scoring", a.scoring, "softmax|sigmoid")->check(CLI::IsMember({"softmax", "sigmoid"}));
+  auto* renorm = cmd->add_flag("--renormalize", a.renormalize, "divide the k weights by their sum");
+  cmd->add_flag("--no-renormalize", a.no_renormalize, "keep the raw scores as weights")->excludes(renorm);
+  cmd->add_option("--scaling-factor", a.routed_scaling_factor, "routed scaling factor of the weights");
+  auto* bias = cmd->add_flag("--score-bias", a.score_bias, "add a random score-correction bias (selection only)");
+  cmd->add_flag("--no-score-bias", a.no_score_bias, "no score-correction bias")->excludes(bias);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"moekit — Mixture-of-Experts layer kernels for NVIDIA Hopper (sm_90a)", "moekit"};
+  app.set_version_flag("--version", std::string("moekit ") + moekit::cli::kVersion);
+  app.require_subcommand(1);
+
+  moekit::cli::BenchArgs bench;
+  CLI::App* bench_cmd = app.add_subcommand(
+      "bench", "check, then time every stage of the layer against ceilings and cuBLAS baselines (needs a Hopper GPU)");
+  add_layer_options(bench_cmd, bench.layer, true);
+  bench_cmd->add_option("--tokens", bench.tokens, "token counts T, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench_cmd->add_option("--steps", bench.steps, "timed iterations (median reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench_cmd->add_option("--warmup", bench.warmup, "untimed iterations first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  bench_cmd->add_flag("--skew", bench.skew,
+                      "skewed expert loads (0.5-1.5x the mean, one expert at 4x) from a calibrated router bias");
+  bench_cmd->add_option("--json", bench.json, "write the rows to this JSON file");
+  bench_cmd->add_option("--seed", bench.seed, "seed of every random input")->capture_default_str();
+  bench_cmd->add_flag("--no-baselines", bench.no_baselines, "skip the cuBLAS baselines");
+  bench_cmd->add_option("--check-tokens", bench.check_tokens, "tokens the oracle checks before timing")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
+  moekit::cli::CheckArgs check;
+  CLI::App* check_cmd = app.add_subcommand(
+      "check", "compare the GPU forward pass with the CPU oracle (or, with --cpu / no GPU, self-check the oracle)");
+  add_layer_options(check_cmd, check.layer, true);
+  CLI::Option* tokens_opt =
+      check_cmd->add_option("--tokens", check.tokens, "T (GPU: default 16; --cpu: default 37)")->check(CLI::PositiveNumber);
+  check_cmd->add_flag("--cpu", check.cpu, "run the CPU oracle on a scaled-down layer, even with a GPU");
+  check_cmd->add_option("--seed", check.seed, "seed of every random input")->capture_default_str();
+  check_cmd->add_option("--check-tokens", check.check_tokens, "tokens the oracle checks (GPU)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
+  CLI11_PARSE(app, argc, argv);
+  check.tokens_given = tokens_opt->count() > 0;
+
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+
+  try {
+    if (bench_cmd->parsed()) return moekit::cli::run_bench(bench, command);
+    if (check_cmd->parsed()) return moekit::cli::run_check(check);
+  } catch (const moekit::Error& e) {
+    std::fprintf(stderr, "moekit: error: %s\n", e.what());
+  } catch (const moekit::CudaError& e) {
+    std::fprintf(stderr, "moekit: CUDA error: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moekit: error: %s\n", e.what());
+  }
+  return moekit::cli::kExitFailed;
+}

@@ -1,0 +1,93 @@
+// bench.hpp — what the CLI's translation units share: the options of `moekit bench` and
+// `moekit check` (parsed in main.cpp), the entry points, the oracle check of a GPU forward pass
+// (check.cpp) and the cuBLAS baselines (baselines.cu).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layer.hpp"
+#include "moekit/moe.hpp"
+#include "presets.hpp"
+
+namespace moekit::cli {
+
+inline constexpr const char* kVersion = "0.1.0";
+
+// Exit codes: 0 success; 1 a check failed or an error; 2 no suitable GPU for the command.
+inline constexpr int kExitOk = 0, kExitFailed = 1, kExitNoGpu = 2;
+
+// y is compared with the double-precision oracle by relative norm error per token. bf16 operands
+// and the bf16 rounding of act (between the GEMMs) and of y_rows (before combine) each add a
+// relative error of up to 2^-9 per element (~0.2%, ~0.3-0.5% in norm after the sums); 1e-2
+// leaves 2-3x headroom over that and still catches any wrong row, expert or weight.
+inline constexpr double kYRelTolerance = 1e-2;
+
+struct BenchArgs {
+  LayerArgs layer;
+  std::vector<int64_t> tokens = {1, 16, 64};
+  int steps = 50;
+  int warmup = 10;
+  bool skew = false;
+  std::string json;
+  uint64_t seed = 20240901;
+  bool no_baselines = false;
+  int check_tokens = 16;
+};
+
+struct CheckArgs {
+  LayerArgs layer;
+  int64_t tokens = 16;
+  bool tokens_given = false;
+  bool cpu = false;
+  uint64_t seed = 20240901;
+  int check_tokens = 16;
+};
+
+int run_bench(const BenchArgs& args, const std::string& command);
+int run_check(const CheckArgs& args);
+
+// ---- check.cpp: a GPU forward pass against the CPU oracle ----------------------------------
+struct ForwardCheck {
+  bool ok = false;
+  std::vector<int32_t> topk_ids;      // [T, k] from the GPU router, every token (for baselines)
+  std::vector<int32_t> expert_counts;  // [E] from the workspace
+  int64_t tokens_checked = 0;
+  int64_t route_mismatches = 0;  // sampled tokens whose ids or weights differ in any bit
+  double y_err_max = 0;          // worst per-token relative norm error of y
+  int64_t experts_copied = 0;    // expert slices copied to the host for the oracle
+  std::string summary;           // one line: what was compared, and the verdict
+};
+
+// Compares a finished moe_forward (layer copy 0, x -> y, workspace ws) with the oracle on
+// `check_tokens` sampled tokens (always 0 and T-1): routing bitwise, y within kYRelTolerance,
+// expert_counts exactly, and the workspace status bits. Synchronises `stream`.
+ForwardCheck check_forward(const GpuLayer& layer, const ForwardPlan& plan, const Workspace& ws, const Tensor& x,
+                           const Tensor& y, int check_tokens, uint64_t seed, cudaStream_t stream);
+
+// ---- baselines.cu: the same expert FFN through cuBLAS ----------------------------------------
+struct BaselineRequest {
+  const GpuLayer* layer = nullptr;
+  int64_t tokens = 0;
+  Tensor x;                                 // [T, H] bf16
+  const std::vector<int32_t>* topk_ids = nullptr;  // [T, k], read on the host before timing
+  int copies = 1;                           // weight copies to rotate through (as moekit's rows)
+  int warmup = 10, steps = 50;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+};
+struct BaselineResult {
+  std::string impl;   // "cublas-loop" | "cublas-grouped"
+  double ms = 0;      // median time of all experts' up GEMM + SwiGLU + down GEMM
+  std::string note;   // how it was done
+  double check_err = 0;  // relative error of one checked row against the oracle
+  bool ok = false;
+  std::string error;  // why the row is missing, if !ok
+};
+std::vector<BaselineResult> run_baselines(const BaselineRequest& req);
+
+}  // namespace moekit::cli

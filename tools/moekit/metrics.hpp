@@ -1,0 +1,77 @@
+// metrics.hpp — what one benchmark row counts: the bytes and FLOPs of a stage, from the shape
+// and the routing actually produced (touched experts, padded rows). Pure host code.
+//
+// NOTES: bytes are the compulsory traffic of the stage as a unit: the weights it must read
+// (only experts with >= 1 assignment; an untouched expert costs nothing) plus its activations
+// read once and written once. Intermediates that the pipeline passes through memory by design
+// (act, y_rows) count at every stage that reads or writes them, so `experts` = up + down and
+// `layer` = the sum of the five stages. Re-reads of x rows by several experts, padding rows and
+// L2 traffic are implementation costs, not counted. Baseline rows use the same bytes and FLOPs
+// as moekit's `experts` row, so their TB/s and TFLOP/s compare the same work.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "moekit/moe.hpp"
+
+namespace moekit::cli {
+
+struct Routed {
+  int64_t touched_experts = 0;  // experts with >= 1 assignment
+  int64_t rows_padded = 0;      // num_rows_padded from align
+  int64_t block_m = 0;
+};
+
+struct StageCost {
+  int64_t weight_bytes = 0;  // weights the stage must read (what read_time_ms streams)
+  int64_t act_bytes = 0;     // activations read + written
+  double flops = 0;          // useful FLOPs (no padding rows)
+  int64_t bytes() const { return weight_bytes + act_bytes; }
+};
+
+// The stages (rows) a benchmark reports, in order.
+inline const char* const kStages[] = {"router", "align", "up", "down", "combine", "experts", "layer", "layer-graph"};
+
+inline StageCost stage_cost(const std::string& stage, const MoeShape& s, const Routed& r) {
+  const int64_t T = s.tokens, H = s.hidden, F = s.inter, E = s.experts, A = s.tokens * s.topk;
+  StageCost c;
+  if (stage == "router") {
+    c.weight_bytes = E * H * 2;          // w_gate bf16
+    c.act_bytes = T * H * 2 + A * 8;     // x in; topk ids (i32) and weights (f32) out
+    c.flops = 2.0 * double(T) * double(H) * double(E);
+  } else if (stage == "align") {
+    const int64_t blocks = r.block_m > 0 ? r.rows_padded / r.block_m : 0;
+    // topk ids in; sorted_ids, block_expert, expert_counts, num_rows_padded out
+    c.act_bytes = A * 4 + r.rows_padded * 4 + blocks * 4 + E * 4 + 4;
+  } else if (stage == "up") {
+    c.weight_bytes = r.touched_experts * 2 * H * F * 2;  // gate and up rows of w13
+    c.act_bytes = T * H * 2 + A * F * 2;                // x in (each row once); act out
+    c.flops = 2.0 * double(A) * 2.0 * double(H) * double(F);
+  } else if (stage == "down") {
+    c.weight_bytes = r.touched_experts * H * F * 2;     // w2
+    c.act_bytes = A * F * 2 + A * 4 + A * H * 2;        // act and routing weights in; y_rows out
+    c.flops = 2.0 * double(A) * double(H) * double(F);
+  } else if (stage == "combine") {
+    c.act_bytes = A * H * 2 + T * H * 2;  // y_rows in; y out
+    c.flops = double(A) * double(H);      // one FP32 add per row element
+  } else if (stage == "experts") {
+    const StageCost up = stage_cost("up", s, r), down = stage_cost("down", s, r);
+    c.weight_bytes = up.weight_bytes + down.weight_bytes;
+    c.act_bytes = up.act_bytes + down.act_bytes;
+    c.flops = 2.0 * double(A) * 3.0 * double(H) * double(F);
+  } else if (stage == "layer" || stage == "layer-graph") {
+    for (const char* part : {"router", "align", "up", "down", "combine"}) {
+      const StageCost p = stage_cost(part, s, r);
+      c.weight_bytes += p.weight_bytes;
+      c.act_bytes += p.act_bytes;
+    }
+    // The layer's FLOPs are the experts' (DESIGN "Measuring"); the router's 2·T·H·E is < 1%.
+    c.flops = 2.0 * double(A) * 3.0 * double(H) * double(F);
+  } else {
+    throw Error("stage_cost: unknown stage '" + stage + "'");
+  }
+  return c;
+}
+
+}  // namespace moekit::cli

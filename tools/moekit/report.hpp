@@ -1,0 +1,62 @@
+// report.hpp — one benchmark row, the readable table `moekit bench` prints, and the JSON file
+// (--json; written by main.cpp, the translation unit that includes nlohmann/json).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "metrics.hpp"
+
+namespace moekit::cli {
+
+struct RunInfo {
+  std::string command;  // full argv, joined
+  std::string date;     // ISO 8601 UTC
+  std::string gpu;
+  int sm_count = 0;
+  int64_t l2_bytes = 0;
+  double read_ceiling_TBps = 0;
+  int64_t read_ceiling_bytes = 0;
+  double dense_ceiling_TFLOPs = 0;
+  int64_t dense_ceiling_dim = 0;
+};
+
+struct Row {
+  std::string preset;
+  MoeShape shape;  // tokens = T
+  std::string stage;   // router|align|up|down|combine|experts|layer|layer-graph
+  std::string impl;    // moekit|cublas-loop|cublas-grouped
+  double ms = 0;       // median of --steps
+  StageCost cost;
+  std::optional<double> read_time_ms;  // streaming read of cost.weight_bytes; none without weights
+  double tokens_per_expert_max_over_mean = 0;
+  int64_t touched_experts = 0;
+  std::string config;  // plan.str()
+  std::string note;
+  int weight_copies = 1;  // copies rotated through (L2 defeat)
+  bool skew = false;
+
+  double TBps() const { return ms > 0 ? double(cost.bytes()) / (ms * 1e-3) / 1e12 : 0; }
+  double TFLOPs() const { return ms > 0 ? cost.flops / (ms * 1e-3) / 1e12 : 0; }
+};
+
+void write_json(const std::string& path, const RunInfo& info, const std::vector<Row>& rows);
+
+inline void print_table_header() {
+  std::printf("%-14s %6s %-12s %-15s %9s %7s %8s %6s %6s %8s %9s\n", "preset", "T", "stage", "impl", "ms", "TB/s",
+              "TFLOP/s", "%read", "%dense", "tpe_max", "read_ms");
+}
+
+inline void print_row(const Row& r, const RunInfo& info) {
+  char read_ms[32] = "-";
+  if (r.read_time_ms) std::snprintf(read_ms, sizeof read_ms, "%.4f", *r.read_time_ms);
+  std::printf("%-14s %6lld %-12s %-15s %9.4f %7.3f %8.1f %5.1f%% %5.1f%% %8.2f %9s\n", r.preset.c_str(),
+              (long long)r.shape.tokens, r.stage.c_str(), r.impl.c_str(), r.ms, r.TBps(), r.TFLOPs(),
+              100.0 * r.TBps() / info.read_ceiling_TBps, 100.0 * r.TFLOPs() / info.dense_ceiling_TFLOPs,
+              r.tokens_per_expert_max_over_mean, read_ms);
+}
+
+}  // namespace moekit::cli

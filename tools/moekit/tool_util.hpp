@@ -1,0 +1,159 @@
+// tool_util.hpp — host helpers of the CLI: checked cuBLAS calls, an owning device buffer,
+// the GPU probe, and the CUDA-event timer every benchmark number comes from.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/cuda_check.hpp"
+#include "moekit/tensor.hpp"
+
+namespace moekit::cli {
+
+inline void cublas_check(cublasStatus_t st, const char* what, const char* file, int line) {
+  if (st == CUBLAS_STATUS_SUCCESS) return;
+  throw CudaError(std::string("cuBLAS error ") + cublasGetStatusName(st) + " (" + cublasGetStatusString(st) +
+                  ") in " + what + " at " + file + ":" + std::to_string(line));
+}
+
+}  // namespace moekit::cli
+
+#define MK_CUBLAS_CHECK(expr) ::moekit::cli::cublas_check((expr), #expr, __FILE__, __LINE__)
+
+namespace moekit::cli {
+
+// One cudaMalloc'ed allocation, freed when the owner goes away (move-only).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(int64_t bytes) : bytes_(bytes) {
+    if (bytes > 0) MK_CUDA_CHECK(cudaMalloc(&ptr_, size_t(bytes)));
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      bytes_ = std::exchange(o.bytes_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { release(); }
+
+  void* get() const { return ptr_; }
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  // A failed free while unwinding must not terminate: report it and go on.
+  void release() noexcept {
+    if (ptr_ != nullptr) {
+      const cudaError_t err = cudaFree(ptr_);
+      if (err != cudaSuccess) fprintf(stderr, "moekit: cudaFree failed: %s\n", cudaGetErrorString(err));
+    }
+    ptr_ = nullptr;
+  }
+  void* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// Owning wrappers of a stream and a cuBLAS handle bound to it.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { MK_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+};
+struct Cublas {
+  cublasHandle_t h = nullptr;
+  explicit Cublas(cudaStream_t s) {
+    MK_CUBLAS_CHECK(cublasCreate(&h));
+    MK_CUBLAS_CHECK(cublasSetStream(h, s));
+  }
+  ~Cublas() { cublasDestroy(h); }
+  Cublas(const Cublas&) = delete;
+  Cublas& operator=(const Cublas&) = delete;
+};
+
+// What kind of GPU this process sees. bench needs Hopper (sm_90a); check falls back to the CPU.
+enum class GpuKind { none, other, hopper };
+struct GpuProbe {
+  GpuKind kind = GpuKind::none;
+  std::string detail;  // why there is none, or the device's name and compute capability
+};
+inline GpuProbe probe_gpu() {
+  GpuProbe p;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not a sticky error: clear it so no later check reports it again
+    p.detail = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
+    return p;
+  }
+  if (count == 0) {
+    p.detail = "cudaGetDeviceCount returned 0 devices";
+    return p;
+  }
+  int dev = 0;
+  MK_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  MK_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  p.detail = std::string(prop.name) + " (compute capability " + std::to_string(prop.major) + "." +
+             std::to_string(prop.minor) + ")";
+  // sm_90a code runs on compute capability 9.0 only (the "a" features are not forward-compatible).
+  p.kind = (prop.major == 9 && prop.minor == 0) ? GpuKind::hopper : GpuKind::other;
+  return p;
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Runs body(i) `warmup` times, then `steps` times between CUDA events, and returns the median
+// step time in ms. All events are recorded up front and read after one final synchronisation:
+// no host sync inside the timed region. `i` counts every call (warm-up included), so a body that
+// rotates among weight copies by i keeps rotating through the warm-up into the timed steps.
+inline double time_median_ms(cudaStream_t stream, int warmup, int steps, const std::function<void(int)>& body) {
+  if (steps < 1) throw Error("--steps: must be at least 1, got " + std::to_string(steps));
+  std::vector<cudaEvent_t> ev(size_t(2 * steps), nullptr);
+  struct Destroy {
+    std::vector<cudaEvent_t>& ev;
+    ~Destroy() {
+      for (cudaEvent_t e : ev)
+        if (e) cudaEventDestroy(e);
+    }
+  } destroy{ev};
+  for (cudaEvent_t& e : ev) MK_CUDA_CHECK(cudaEventCreate(&e));
+  int call = 0;
+  for (int i = 0; i < warmup; ++i) body(call++);
+  for (int i = 0; i < steps; ++i) {
+    MK_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * i)], stream));
+    body(call++);
+    MK_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * i + 1)], stream));
+  }
+  MK_CUDA_CHECK(cudaEventSynchronize(ev.back()));
+  MK_CUDA_CHECK(cudaGetLastError());
+  std::vector<double> ms(static_cast<size_t>(steps));
+  for (int i = 0; i < steps; ++i) {
+    float t = 0;
+    MK_CUDA_CHECK(cudaEventElapsedTime(&t, ev[size_t(2 * i)], ev[size_t(2 * i + 1)]));
+    ms[size_t(i)] = t;
+  }
+  return median(ms);
+}
+
+}  // namespace moekit::cli
