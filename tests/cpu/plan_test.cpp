@@ -1,0 +1,204 @@
+// plan_test.cpp — the config chooser (plan_forward, plan_forward_with) and the workspace layout
+// (workspace_bytes, carve_workspace): pure host functions, checked on a hand-made H200.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/validate.hpp"
+#include "cpu_test_util.hpp"
+
+namespace moekit::testing {
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t H, F, E, k;
+};
+constexpr Preset kPresets[] = {{"mixtral-8x7b", 4096, 14336, 8, 2},
+                               {"qwen3-30b-a3b", 2048, 768, 128, 8},
+                               {"deepseek-v3", 7168, 2048, 256, 8}};
+
+MoeShape shape_of(const Preset& p, int64_t T) { return MoeShape{T, p.H, p.F, p.E, p.k}; }
+
+// The tile rule of plan.cpp, restated: rows per expert T*k/E up to 24 -> 16, up to 96 -> 64,
+// else 128.
+int expected_block_m(int64_t T, int64_t k, int64_t E) {
+  const int64_t rows = T * k;  // compare rows/E with 24 and 96 exactly, in integers
+  return rows <= 24 * E ? 16 : rows <= 96 * E ? 64 : 128;
+}
+
+const GemmConfig& compiled_with_block_m(int block_m) {
+  for (const GemmConfig& c : compiled_gemm_configs())
+    if (c.block_m == block_m) return c;
+  throw std::logic_error("no compiled config with block_m " + std::to_string(block_m));
+}
+
+TEST(Plan, BlockMFollowsRowsPerExpertForThePresets) {
+  for (const Preset& p : kPresets) {
+    // T at each boundary (rows per expert exactly 24 and 96) and one token past it.
+    const int64_t t24 = 24 * p.E / p.k, t96 = 96 * p.E / p.k;
+    for (int64_t T : {int64_t(0), int64_t(1), int64_t(16), t24, t24 + 1, t96, t96 + 1, int64_t(8192), int64_t(65536)}) {
+      SCOPED_TRACE(::testing::Message() << p.name << " T=" << T);
+      const ForwardPlan plan = plan_forward(shape_of(p, T), kH200);
+      const int bm = expected_block_m(T, p.k, p.E);
+      EXPECT_EQ(plan.block_m, bm);
+      EXPECT_EQ(plan.up.block_m, bm);
+      EXPECT_EQ(plan.down.block_m, bm);
+      EXPECT_EQ(plan.up, compiled_with_block_m(bm));  // the first compiled one that fits
+      EXPECT_EQ(plan.max_rows, worst_case_rows(T, p.k, p.E, bm));
+      EXPECT_EQ(plan.max_rows % bm, 0);
+      EXPECT_EQ(plan.max_blocks, plan.max_rows / bm);
+      EXPECT_EQ(plan.shape.tokens, T);
+    }
+  }
+  // The boundaries by hand: Mixtral (E 8, k 2) has 24 rows per expert at T 96, 96 at T 384.
+  const Preset& mixtral = kPresets[0];
+  EXPECT_EQ(plan_forward(shape_of(mixtral, 96), kH200).block_m, 16);
+  EXPECT_EQ(plan_forward(shape_of(mixtral, 97), kH200).block_m, 64);
+  EXPECT_EQ(plan_forward(shape_of(mixtral, 384), kH200).block_m, 64);
+  EXPECT_EQ(plan_forward(shape_of(mixtral, 385), kH200).block_m, 128);
+}
+
+TEST(Plan, MaxRowsByHand) {
+  // Mixtral, T 100, k 2: block_m 64 (25 rows per expert); 200 + 8*63 = 704 = 11 blocks of 64.
+  const ForwardPlan a = plan_forward(shape_of(kPresets[0], 100), kH200);
+  EXPECT_EQ(a.block_m, 64);
+  EXPECT_EQ(a.max_rows, 704);
+  EXPECT_EQ(a.max_blocks, 11);
+  // DeepSeek-V3, T 1: block_m 16; 8 + 256*15 = 3848, rounded up to 3856 = 241 blocks.
+  const ForwardPlan b = plan_forward(shape_of(kPresets[2], 1), kH200);
+  EXPECT_EQ(b.max_rows, 3856);
+  EXPECT_EQ(b.max_blocks, 241);
+}
+
+TEST(Plan, DeviceMustBeHopperWithEnoughSharedMemory) {
+  const MoeShape s = shape_of(kPresets[1], 64);
+  for (int major : {7, 8, 10, 12}) {
+    DeviceInfo d = kH200;
+    d.cc_major = major;
+    EXPECT_TRUE(throws_naming([&] { plan_forward(s, d); }, "device")) << "cc " << major;
+  }
+  DeviceInfo small = kH200;
+  small.smem_per_block_optin = 48 * 1024;  // below every compiled config's pipeline
+  EXPECT_TRUE(throws_naming([&] { plan_forward(s, small); }, "device"));
+  DeviceInfo none = kH200;
+  none.smem_per_block_optin = 0;
+  EXPECT_TRUE(throws_naming([&] { plan_forward(s, none); }, "device"));
+}
+
+TEST(Plan, PlanForwardWithTakesCompiledConfigsOnly) {
+  const MoeShape s = shape_of(kPresets[1], 4096);
+  for (const GemmConfig& c : compiled_gemm_configs()) {
+    const ForwardPlan plan = plan_forward_with(s, c, c);
+    EXPECT_EQ(plan.block_m, c.block_m);
+    EXPECT_EQ(plan.up, c);
+    EXPECT_EQ(plan.down, c);
+    EXPECT_EQ(plan.max_rows, worst_case_rows(s.tokens, s.topk, s.experts, c.block_m));
+  }
+  const GemmConfig c16 = compiled_with_block_m(16), c64 = compiled_with_block_m(64);
+  GemmConfig odd = c64;
+  odd.stages += 7;
+  EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, odd, c64); }, "up"));
+  EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, c64, odd); }, "down"));
+  EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, GemmConfig{}, GemmConfig{}); }, "up"));
+  EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, c16, c64); }, "down"));  // block_m differs
+  MoeShape bad = s;
+  bad.hidden = 100;
+  EXPECT_TRUE(throws_naming([&] { plan_forward_with(bad, c16, c16); }, "shape.hidden"));
+}
+
+TEST(Plan, ConfigsPrintThemselves) {
+  const GemmConfig c{16, 64, 128, 1, 4, 4};
+  EXPECT_EQ(c.str(), "m16n64k128w1x4s4");
+  EXPECT_EQ(c.threads(), 128);
+  for (const GemmConfig& g : compiled_gemm_configs()) EXPECT_FALSE(g.str().empty());
+  const ForwardPlan plan = plan_forward(shape_of(kPresets[0], 1000), kH200);
+  const std::string s = plan.str();
+  EXPECT_NE(s.find(plan.up.str()), std::string::npos) << s;
+  EXPECT_NE(s.find(plan.down.str()), std::string::npos) << s;
+  EXPECT_NE(s.find("block_m=" + std::to_string(plan.block_m)), std::string::npos) << s;
+  EXPECT_NE(s.find("T=1000"), std::string::npos) << s;
+  EXPECT_NE(s.find("E=8"), std::string::npos) << s;
+}
+
+TEST(Plan, CompiledConfigsCoverEveryBlockMTheChooserPicks) {
+  for (int bm : {16, 64, 128}) EXPECT_NO_THROW(compiled_with_block_m(bm)) << bm;
+  for (const GemmConfig& c : compiled_gemm_configs()) {
+    EXPECT_GT(c.threads(), 0) << c.str();
+    EXPECT_EQ(c.block_m % 16, 0) << c.str();  // whole mma tiles
+  }
+}
+
+TEST(Plan, NoTokensPlansFine) {
+  for (const Preset& p : kPresets) {
+    const ForwardPlan plan = plan_forward(shape_of(p, 0), kH200);
+    EXPECT_EQ(plan.block_m, 16);
+    EXPECT_EQ(plan.max_rows, worst_case_rows(0, p.k, p.E, 16));
+    EXPECT_GT(workspace_bytes(plan), 0u);
+    EXPECT_NO_THROW(carve_workspace(plan, fake_ptr(1), workspace_bytes(plan)));
+  }
+}
+
+// ---- workspace ------------------------------------------------------------------------------
+
+struct View {
+  const char* name;
+  Tensor t;
+};
+std::vector<View> views_of(const Workspace& ws) {
+  return {{"router_logits", ws.router_logits},
+          {"topk_ids", ws.topk_ids},          {"topk_weights", ws.topk_weights},
+          {"sorted_ids", ws.sorted_ids},      {"block_expert", ws.block_expert},
+          {"num_rows_padded", ws.num_rows_padded}, {"expert_counts", ws.expert_counts},
+          {"act", ws.act},                    {"y_rows", ws.y_rows},
+          {"status", ws.status}};
+}
+
+TEST(Workspace, ViewsAreAlignedDisjointAndInsideTheBuffer) {
+  for (const Preset& p : kPresets)
+    for (int64_t T : {0, 1, 17, 1000, 4096}) {
+      SCOPED_TRACE(::testing::Message() << p.name << " T=" << T);
+      const ForwardPlan plan = plan_forward(shape_of(p, T), kH200);
+      const size_t bytes = workspace_bytes(plan);
+      const uintptr_t base = reinterpret_cast<uintptr_t>(fake_ptr(1));
+      const Workspace ws = carve_workspace(plan, fake_ptr(1), bytes);
+      const std::vector<View> views = views_of(ws);
+      for (const View& v : views) {
+        const uintptr_t at = reinterpret_cast<uintptr_t>(v.t.data);
+        EXPECT_EQ(at % 256, 0u) << v.name;
+        EXPECT_GE(at, base) << v.name;
+        EXPECT_LE(at + uintptr_t(v.t.bytes()), base + bytes) << v.name;
+      }
+      for (size_t i = 0; i < views.size(); ++i)
+        for (size_t j = i + 1; j < views.size(); ++j) {
+          const Tensor &a = views[i].t, &b = views[j].t;
+          if (a.bytes() == 0 || b.bytes() == 0) continue;
+          const uintptr_t a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+          EXPECT_TRUE(a0 + a.bytes() <= b0 || b0 + b.bytes() <= a0) << views[i].name << " overlaps " << views[j].name;
+        }
+      // The views are exactly what the stages validate against.
+      EXPECT_NO_THROW(detail::expect_workspace(plan, ws, "test"));
+      const MoeShape& s = plan.shape;
+      EXPECT_TRUE(ws.router_logits.dtype == DType::f32 && ws.router_logits.rank == 2 && ws.router_logits.dim(0) == s.tokens && ws.router_logits.dim(1) == s.experts);
+      EXPECT_TRUE(ws.topk_ids.dtype == DType::i32 && ws.topk_ids.rank == 2 && ws.topk_ids.dim(0) == s.tokens && ws.topk_ids.dim(1) == s.topk);
+      EXPECT_TRUE(ws.topk_weights.dtype == DType::f32 && ws.topk_weights.dim(0) == s.tokens && ws.topk_weights.dim(1) == s.topk);
+    }
+}
+
+TEST(Workspace, CarveRejectsBadBuffers) {
+  const ForwardPlan plan = plan_forward(shape_of(kPresets[1], 256), kH200);
+  const size_t bytes = workspace_bytes(plan);
+  EXPECT_TRUE(throws_naming([&] { carve_workspace(plan, nullptr, bytes); }, "base"));
+  for (uintptr_t off : {1, 16, 128}) {  // 16-byte alignment is not enough: views are 256-aligned
+    void* p = static_cast<char*>(fake_ptr(1)) + off;
+    EXPECT_TRUE(throws_naming([&] { carve_workspace(plan, p, bytes); }, "base")) << "offset " << off;
+  }
+  EXPECT_TRUE(throws_naming([&] { carve_workspace(plan, fake_ptr(1), bytes - 1); }, "bytes"));
+  EXPECT_TRUE(throws_naming([&] { carve_workspace(plan, fake_ptr(1), 0); }, "bytes"));
+  EXPECT_NO_THROW(carve_workspace(plan, fake_ptr(1), bytes + 4096));  // larger is fine
+}
+
+}  // namespace
+}  // namespace moekit::testing
