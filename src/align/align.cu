@@ -11,7 +11,7 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
            cudaStream_t stream) {
   const char* fn = "align";
   const MoeShape& s = plan.shape;
-  detail::expect_shape(s, fn);
+  detail::expect_plan(plan, fn);
   detail::expect_tensor(fn, "topk_ids", topk_ids, DType::i32, {s.tokens, s.topk});
   detail::expect_tensor(fn, "ws.sorted_ids", ws.sorted_ids, DType::i32, {plan.max_rows});
   detail::expect_tensor(fn, "ws.block_expert", ws.block_expert, DType::i32, {plan.max_blocks});

@@ -55,6 +55,19 @@ void expect_shape(const MoeShape& s, const char* entry) {
     fail(entry, "shape.tokens", "T*k = " + std::to_string(s.tokens * s.topk) + " is too large for 32-bit assignment ids");
 }
 
+void expect_plan(const ForwardPlan& plan, const char* entry) {
+  expect_shape(plan.shape, entry);
+  const MoeShape& s = plan.shape;
+  const bool configs_ok = plan.block_m > 0 && plan.up.block_m == plan.block_m && plan.down.block_m == plan.block_m;
+  if (!configs_ok)
+    fail(entry, "plan", "block_m " + std::to_string(plan.block_m) + " disagrees with its GEMM configs: make plans with plan_forward");
+  int64_t rows = s.tokens * s.topk + s.experts * (plan.block_m - 1);
+  rows = (rows + plan.block_m - 1) / plan.block_m * plan.block_m;
+  if (plan.max_rows != rows || plan.max_blocks != rows / plan.block_m)
+    fail(entry, "plan", "max_rows " + std::to_string(plan.max_rows) + " does not fit its shape (needs " +
+                            std::to_string(rows) + "): the shape changed after plan_forward; plan again");
+}
+
 void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* entry) {
   const MoeShape& s = plan.shape;
   expect_tensor(entry, "ws.sorted_ids", ws.sorted_ids, DType::i32, {plan.max_rows});

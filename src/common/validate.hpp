@@ -21,5 +21,7 @@ bool expect_optional(const char* entry, const char* arg, const Tensor& t, DType 
                      std::initializer_list<int64_t> shape);
 void expect_shape(const MoeShape& s, const char* entry);
 void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* entry);
+// The plan still fits its shape (a plan edited after plan_forward would size buffers wrongly).
+void expect_plan(const ForwardPlan& plan, const char* entry);
 
 }  // namespace moekit::detail

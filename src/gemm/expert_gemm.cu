@@ -63,7 +63,7 @@ void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, cons
                cudaStream_t stream) {
   const char* fn = "expert_up";
   const MoeShape& s = plan.shape;
-  detail::expect_shape(s, fn);
+  detail::expect_plan(plan, fn);
   detail::expect_tensor(fn, "x", x, DType::bf16, {s.tokens, s.hidden});
   detail::expect_tensor(fn, "w13", w13, DType::bf16, {s.experts, 2 * s.inter, s.hidden});
   detail::expect_workspace(plan, ws, fn);
@@ -84,7 +84,7 @@ void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_w
                  const Workspace& ws, cudaStream_t stream) {
   const char* fn = "expert_down";
   const MoeShape& s = plan.shape;
-  detail::expect_shape(s, fn);
+  detail::expect_plan(plan, fn);
   detail::expect_tensor(fn, "w2", w2, DType::bf16, {s.experts, s.hidden, s.inter});
   detail::expect_tensor(fn, "topk_weights", topk_weights, DType::f32, {s.tokens, s.topk});
   detail::expect_workspace(plan, ws, fn);

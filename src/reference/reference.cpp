@@ -229,7 +229,7 @@ double rel_norm_error(const std::vector<double>& a, const std::vector<double>& b
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     const double d = a[i] - b[i];
-    if (std::isnan(a[i])) return INFINITY;
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
     num += d * d;
     den += b[i] * b[i];
   }

@@ -57,10 +57,10 @@ std::vector<BadCall> bad_shape_and_workspace(Bad bad) {
       bad("E > 512", [](Layer& l) { l.plan.shape.experts = 513; }, "shape.experts"),
       bad("k > 16", [](Layer& l) { l.plan.shape.topk = 17; }, "shape.topk"),
       bad("k > E", [](Layer& l) { l.plan.shape.experts = 3; }, "shape.topk"),
-      bad("workspace null", [](Layer& l) { l.workspace = nullptr; }, "base"),
-      bad("workspace 16- but not 256-byte aligned", [](Layer& l) { l.workspace = static_cast<char*>(l.workspace) + 16; }, "base"),
-      bad("workspace one byte short", [](Layer& l) { l.bytes -= 1; }, "bytes"),
-      bad("workspace size 0", [](Layer& l) { l.bytes = 0; }, "bytes"),
+      bad("workspace null", [](Layer& l) { l.workspace = nullptr; }, "workspace"),
+      bad("workspace 16- but not 256-byte aligned", [](Layer& l) { l.workspace = static_cast<char*>(l.workspace) + 16; }, "workspace"),
+      bad("workspace one byte short", [](Layer& l) { l.bytes -= 1; }, "workspace_bytes"),
+      bad("workspace size 0", [](Layer& l) { l.bytes = 0; }, "workspace_bytes"),
   };
 }
 
@@ -146,9 +146,6 @@ TEST(MoeForwardValidation, RouterInputs) {
 }
 
 TEST(MoeForwardValidation, ExpertWeightsAndOutputBeforeAnyLaunch) {
-  GTEST_SKIP() << "BUG: moe_forward checks w13, w2 and y only inside experts_forward, after route() "
-                  "has enqueued the router kernel (src/forward/forward.cu): a bad w13/w2/y leaves a "
-                  "half-run forward (and without a GPU surfaces as CudaError, not moekit::Error)";
   expect_all_rejected({
       bad_moe("w13 f32", [](Layer& l) { l.in.w13.dtype = DType::f32; }, "w13"),
       bad_moe("w13 [E, F, H]", [](Layer& l) { l.in.w13 = with_shape(l.in.w13, {kE, kF, kH}); }, "w13"),
@@ -160,9 +157,6 @@ TEST(MoeForwardValidation, ExpertWeightsAndOutputBeforeAnyLaunch) {
 }
 
 TEST(ExpertsForwardValidation, PlanThatNoLongerFitsItsShape) {
-  GTEST_SKIP() << "BUG: experts_forward/moe_forward never check that plan.max_rows fits plan.shape; "
-                  "a plan whose tokens were raised after planning is accepted (workspace carved from "
-                  "it, so sizes agree) and align writes past ws.sorted_ids";
   Layer l;
   l.plan.shape.tokens = 4096;  // reserved rows are those of T = 8
   l.bytes = workspace_bytes(l.plan);
