@@ -83,8 +83,9 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
 
   nvtxRangePushA("moekit.route");
   if (use_scratch) {  // logits over many CTAs first, then selection from them
-    const dim3 grid(unsigned((E + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock),
-                    unsigned((T + kernels::router::kLogitTokens - 1) / kernels::router::kLogitTokens));
+    // Token tiles on x (up to 2^31 - 1), expert groups on y (E/4 <= 128).
+    const dim3 grid(unsigned((T + kernels::router::kLogitTokens - 1) / kernels::router::kLogitTokens),
+                    unsigned((E + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock));
     if (w_gate.dtype == DType::bf16)
       kernels::router::logits_kernel<__nv_bfloat16><<<grid, 32 * kernels::router::kWarpsPerBlock, 0, stream>>>(p, logits_scratch.as<float>());
     else

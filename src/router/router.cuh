@@ -86,9 +86,9 @@ constexpr int kLogitTokens = 8;
 template <class WT>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) logits_kernel(Params p, float* logits) {
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
-  const int e = int(blockIdx.x) * kWarpsPerBlock + warp;
+  const int e = int(blockIdx.y) * kWarpsPerBlock + warp;
   if (e >= p.experts) return;
-  const int64_t t0 = int64_t(blockIdx.y) * kLogitTokens;
+  const int64_t t0 = int64_t(blockIdx.x) * kLogitTokens;
   const int tokens = int(min(int64_t(kLogitTokens), p.tokens - t0));
   const WT* w_row = static_cast<const WT*>(p.w_gate) + int64_t(e) * p.hidden;
   float acc[kLogitTokens];
