@@ -68,13 +68,18 @@ struct ForwardPlan {
   GemmConfig up, down;
   int64_t max_rows = 0;    // T*k + E*(block_m-1): worst-case padded rows
   int64_t max_blocks = 0;  // max_rows / block_m
+  // Split-K of the down GEMM (decode: too few output tiles to fill the GPU). With S > 1 the
+  // down GEMM writes FP32 partial rows (ws.y_partials) and combine sums them in fixed order.
+  int down_splits = 1;
   std::string str() const;
 };
 
 // Validates the shape (clear errors) and picks the configs for it on this device.
 ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device);
 // As plan_forward, but with the tile configs given (tuning, tests); they must be compiled ones.
-ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down);
+ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down,
+                              int down_splits = 1);
+inline constexpr int kMaxDownSplits = 8;
 // The tile configs the library compiles; plan_forward picks among these.
 const std::vector<GemmConfig>& compiled_gemm_configs();
 
@@ -88,7 +93,8 @@ struct Workspace {
   Tensor num_rows_padded;  // [1] i32: rows actually used (a multiple of block_m)
   Tensor expert_counts;    // [E] i32: assignments per expert
   Tensor act;              // [max_rows, F] bf16: silu(gate)*up in sorted order
-  Tensor y_rows;           // [T*k, H] bf16: weighted expert output per assignment
+  Tensor y_rows;           // [T*k, H] bf16: weighted expert output per assignment (S = 1)
+  Tensor y_partials;       // [S, T*k, H] f32: its split-K partial sums (S > 1; else empty)
   Tensor status;           // [1] i32: error bits set by kernels (see check_status)
 };
 size_t workspace_bytes(const ForwardPlan& plan);
@@ -122,13 +128,16 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
 // act[r] = silu(x[t]·W_gateᵀ) ⊙ (x[t]·W_upᵀ) for every sorted row r of assignment a, t = a/k.
 void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Workspace& ws,
                cudaStream_t stream);
-// y_rows[a] = topk_weights[a] · act[r]·W2ᵀ for every sorted row r of assignment a.
+// y_rows[a] = topk_weights[a] · act[r]·W2ᵀ for every sorted row r of assignment a
+// (plan.down_splits > 1: y_partials[s][a] = topk_weights[a] · the s-th K-slice of that product).
 void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_weights,
                  const Workspace& ws, cudaStream_t stream);
 
 // ---- Stage 5: combine -----------------------------------------------------------------------
 // y[t] = Σ_j y_rows[t*k+j] in slot order j = 0..k-1 (FP32 sum, bf16 out). No atomics.
 void combine(const Tensor& y_rows, int64_t topk, const Tensor& y, cudaStream_t stream);
+// y[t] = Σ_j Σ_s y_partials[s][t*k+j] (j outer, s inner; FP32, bf16 out): split-K's combine.
+void combine_partials(const Tensor& y_partials, int64_t topk, const Tensor& y, cudaStream_t stream);
 
 // ---- The whole layer ------------------------------------------------------------------------
 struct MoeInputs {

@@ -24,4 +24,24 @@ void combine(const Tensor& y_rows, int64_t topk, const Tensor& y, cudaStream_t s
   nvtxRangePop();
 }
 
+void combine_partials(const Tensor& y_partials, int64_t topk, const Tensor& y, cudaStream_t stream) {
+  const char* fn = "combine_partials";
+  if (y.rank != 2) detail::fail(fn, "y", "expected shape [T, H], got " + y.shape_str());
+  if (y_partials.rank != 3) detail::fail(fn, "y_partials", "expected shape [S, T*k, H], got " + y_partials.shape_str());
+  const int64_t T = y.dim(0), H = y.dim(1), S = y_partials.dim(0);
+  if (topk < 1 || topk > kMaxTopk) detail::fail(fn, "topk", "must be in [1, 16], got " + std::to_string(topk));
+  if (S < 1 || S > kMaxDownSplits) detail::fail(fn, "y_partials", "splits must be in [1, 8], got " + std::to_string(S));
+  if (H % 8 != 0) detail::fail(fn, "y", "hidden size must be a multiple of 8, got " + std::to_string(H));
+  detail::expect_tensor(fn, "y", y, DType::bf16, {T, H});
+  detail::expect_tensor(fn, "y_partials", y_partials, DType::f32, {S, T * topk, H});
+  if (T == 0) return;
+  kernels::combine::PartialParams p{y_partials.as<const float>(), y.as<__nv_bfloat16>(), T, H, int(topk), int(S)};
+  const int64_t vecs = T * (H / 8);
+  nvtxRangePushA("moekit.combine");
+  kernels::combine::combine_partials_kernel<<<unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads),
+                                              kernels::combine::kThreads, 0, stream>>>(p);
+  MK_LAUNCH_CHECK("combine_partials_kernel");
+  nvtxRangePop();
+}
+
 }  // namespace moekit

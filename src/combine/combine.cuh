@@ -20,6 +20,37 @@ struct Params {
 
 constexpr int kThreads = 256;
 
+// Split-K's combine: y[t] = Σ_j Σ_s partials[s][t*k+j] (j outer, s inner), FP32, bf16 out.
+struct PartialParams {
+  const float* partials;  // [S, T*k, H]
+  __nv_bfloat16* y;       // [T, H]
+  int64_t tokens, hidden;
+  int topk, splits;
+};
+
+__global__ void __launch_bounds__(kThreads) combine_partials_kernel(PartialParams p) {
+  const int64_t vecs_per_row = p.hidden / 8;
+  const int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (v >= p.tokens * vecs_per_row) return;
+  const int64_t t = v / vecs_per_row, c = (v % vecs_per_row) * 8;
+  const int64_t split_stride = p.tokens * p.topk * p.hidden;
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < p.topk; ++j)
+    for (int sp = 0; sp < p.splits; ++sp) {
+      const float* row = p.partials + sp * split_stride + (t * p.topk + j) * p.hidden + c;
+      const float4 a = *reinterpret_cast<const float4*>(row);
+      const float4 b = *reinterpret_cast<const float4*>(row + 4);
+      const float r[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int q = 0; q < 8; ++q) s[q] = canon::add(s[q], r[q]);
+    }
+  uint32_t o[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    o[q] = uint32_t(canon::float_to_bf16_bits(s[2 * q])) | (uint32_t(canon::float_to_bf16_bits(s[2 * q + 1])) << 16);
+  *reinterpret_cast<uint4*>(p.y + t * p.hidden + c) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 __global__ void __launch_bounds__(kThreads) combine_kernel(Params p) {
   const int64_t vecs_per_row = p.hidden / 8;
   const int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x;

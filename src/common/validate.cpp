@@ -59,6 +59,8 @@ void expect_plan(const ForwardPlan& plan, const char* entry) {
   expect_shape(plan.shape, entry);
   const MoeShape& s = plan.shape;
   const bool configs_ok = plan.block_m > 0 && plan.up.block_m == plan.block_m && plan.down.block_m == plan.block_m;
+  if (plan.down_splits < 1 || plan.down_splits > kMaxDownSplits)
+    fail(entry, "plan", "down_splits " + std::to_string(plan.down_splits) + " is outside [1, " + std::to_string(kMaxDownSplits) + "]");
   if (!configs_ok)
     fail(entry, "plan", "block_m " + std::to_string(plan.block_m) + " disagrees with its GEMM configs: make plans with plan_forward");
   int64_t rows = s.tokens * s.topk + s.experts * (plan.block_m - 1);
@@ -76,6 +78,8 @@ void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* 
   expect_tensor(entry, "ws.expert_counts", ws.expert_counts, DType::i32, {s.experts});
   expect_tensor(entry, "ws.act", ws.act, DType::bf16, {plan.max_rows, s.inter});
   expect_tensor(entry, "ws.y_rows", ws.y_rows, DType::bf16, {s.tokens * s.topk, s.hidden});
+  if (plan.down_splits > 1)
+    expect_tensor(entry, "ws.y_partials", ws.y_partials, DType::f32, {plan.down_splits, s.tokens * s.topk, s.hidden});
   expect_tensor(entry, "ws.status", ws.status, DType::i32, {1});
 }
 

@@ -36,7 +36,10 @@ void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13
   align(plan, topk_ids, ws, stream);
   expert_up(plan, x, w13, ws, stream);
   expert_down(plan, w2, topk_weights, ws, stream);
-  combine(ws.y_rows, s.topk, y, stream);
+  if (plan.down_splits > 1)
+    combine_partials(ws.y_partials, s.topk, y, stream);
+  else
+    combine(ws.y_rows, s.topk, y, stream);
   nvtxRangePop();
 }
 

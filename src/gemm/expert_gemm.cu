@@ -30,7 +30,9 @@ void launch_instance(kernels::gemm::Params p, int64_t max_blocks, cudaStream_t s
   }();
   const int64_t cols = Cfg::template cols_per_tile<M>();
   p.n_tiles = (p.n_dim + cols - 1) / cols;
-  const int64_t grid = std::max<int64_t>(1, std::min(resident_ctas, max_blocks * p.n_tiles));
+  const int64_t k_tiles = (p.k_dim + BK - 1) / BK;
+  p.k_tiles_per_split = (k_tiles + p.k_splits - 1) / p.k_splits;
+  const int64_t grid = std::max<int64_t>(1, std::min(resident_ctas, max_blocks * p.n_tiles * p.k_splits));
   kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
   MK_LAUNCH_CHECK("expert_gemm_kernel");
 }
@@ -54,6 +56,7 @@ kernels::gemm::Params routing_params(const ForwardPlan& plan, const Workspace& w
   p.num_rows_padded = ws.num_rows_padded.as<const int32_t>();
   p.num_assign = plan.shape.tokens * plan.shape.topk;
   p.topk = int(plan.shape.topk);
+  p.k_splits = 1;
   return p;
 }
 
@@ -94,6 +97,10 @@ void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_w
   p.b = w2.as<const __nv_bfloat16>();
   p.out = ws.y_rows.as<__nv_bfloat16>();
   p.topk_weights = topk_weights.as<const float>();
+  if (plan.down_splits > 1) {
+    p.k_splits = plan.down_splits;
+    p.partials = ws.y_partials.as<float>();
+  }
   p.k_dim = s.inter;
   p.n_dim = s.hidden;
   p.b_expert_stride = s.hidden * s.inter;

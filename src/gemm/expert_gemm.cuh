@@ -35,6 +35,11 @@ struct Params {
   int64_t b_expert_stride;       // elements per expert in b
   int64_t n_tiles;               // column tiles: ceil(n_dim / cols_per_tile)
   int topk;
+  // Split-K (Down): k_splits slices of k_tiles_per_split K-tiles each; slice s writes FP32
+  // partial rows to partials[s][a] instead of bf16 rows to out[a].
+  int k_splits;
+  int64_t k_tiles_per_split;
+  float* partials;               // [k_splits, T*k, n_dim] or null
 };
 
 template <int BM, int BN, int BK, int WM, int WN, int STAGES>
@@ -90,7 +95,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // One output tile: rows [block*BM, +BM) of the aligned layout, columns n_tile of the output.
 template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
-__device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_t n_tile,
+__device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_t n_tile, int split,
                                           unsigned char* smem_raw) {
   using Cfg = Tile<BM, BN, BK, WM, WN, STAGES>;
   constexpr int CH = Cfg::kChunks, MI = Cfg::MI, NI = Cfg::NI;
@@ -171,17 +176,19 @@ __device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
 
-  const int64_t k_tiles = (p.k_dim + BK - 1) / BK;
+  // This item's K-tiles: [kt0, kt0 + k_tiles) (all of K unless the down GEMM is split).
+  const int64_t kt0 = split * p.k_tiles_per_split;
+  const int64_t k_tiles = min(p.k_tiles_per_split, (p.k_dim + BK - 1) / BK - kt0);
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
+    if (s < k_tiles) load_stage(s, kt0 + s);
     cp_async_commit();
   }
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for all threads; stage kt-1 is free to refill
     const int64_t next = kt + STAGES - 1;
-    if (next < k_tiles) load_stage(int(next % STAGES), next);
+    if (next < k_tiles) load_stage(int(next % STAGES), kt0 + next);
     cp_async_commit();
 
     const __nv_bfloat16* sa = smem + int(kt % STAGES) * Cfg::kStageElems;
@@ -232,12 +239,16 @@ __device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_
       } else {
         const float w = p.topk_weights[id];
         __nv_bfloat16* out_row = p.out + id * p.n_dim;
+        float* partial_row = p.partials ? p.partials + (split * p.num_assign + id) * p.n_dim : nullptr;
 #pragma unroll
         for (int f = 0; f < NI; ++f) {
           const int64_t n = n0 + wn * Cfg::TN + f * 8 + (lane & 3) * 2;
           if (n >= p.n_dim) continue;
           const float* c = acc[i][f] + 2 * h;
-          *reinterpret_cast<uint32_t*>(out_row + n) = pack_bf16(c[0] * w, c[1] * w);
+          if (partial_row)
+            *reinterpret_cast<float2*>(partial_row + n) = make_float2(c[0] * w, c[1] * w);
+          else
+            *reinterpret_cast<uint32_t*>(out_row + n) = pack_bf16(c[0] * w, c[1] * w);
         }
       }
     }
@@ -254,13 +265,15 @@ __global__ void __launch_bounds__(Tile<BM, BN, BK, WM, WN, STAGES>::kThreads, 1)
 expert_gemm_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int64_t blocks = *p.num_rows_padded / BM;
-  const int64_t items = blocks * p.n_tiles;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t group = item / (kGroupBlocks * p.n_tiles);
+  const int64_t tiles = blocks * p.n_tiles;
+  for (int64_t item = blockIdx.x; item < tiles * p.k_splits; item += gridDim.x) {
+    const int split = int(item % p.k_splits);  // the K-slices of a tile run side by side
+    const int64_t tile = item / p.k_splits;
+    const int64_t group = tile / (kGroupBlocks * p.n_tiles);
     const int64_t first = group * kGroupBlocks;
     const int64_t in_group = min(kGroupBlocks, blocks - first);
-    const int64_t j = item - group * kGroupBlocks * p.n_tiles;
-    gemm_tile<M, BM, BN, BK, WM, WN, STAGES>(p, first + j % in_group, j / in_group, smem_raw);
+    const int64_t j = tile - group * kGroupBlocks * p.n_tiles;
+    gemm_tile<M, BM, BN, BK, WM, WN, STAGES>(p, first + j % in_group, j / in_group, split, smem_raw);
     __syncthreads();  // the next item refills the stages and s_ids
   }
 }

@@ -173,6 +173,20 @@ std::vector<bf16> combine(const bf16* y_rows, int64_t tokens, int64_t topk, int6
   return y;
 }
 
+std::vector<bf16> combine_partials(const float* partials, int64_t splits, int64_t tokens,
+                                   int64_t topk, int64_t hidden) {
+  std::vector<bf16> y(static_cast<size_t>(tokens * hidden));
+  const int64_t stride = tokens * topk * hidden;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < hidden; ++h) {
+      float s = 0.0f;
+      for (int64_t j = 0; j < topk; ++j)
+        for (int64_t sp = 0; sp < splits; ++sp) s = canon::add(s, partials[sp * stride + (t * topk + j) * hidden + h]);
+      y[size_t(t * hidden + h)] = to_bf16(s);
+    }
+  return y;
+}
+
 static double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
 std::vector<double> expert_act(const bf16* x_row, const bf16* w13_expert, int64_t hidden,

@@ -46,6 +46,10 @@ Aligned align(const int32_t* topk_ids, int64_t tokens, int64_t topk, int64_t exp
 // y[t] = Σ_j y_rows[t*k + j] in FP32, slot order, rounded to bf16.
 std::vector<bf16> combine(const bf16* y_rows, int64_t tokens, int64_t topk, int64_t hidden);
 
+// Split-K's combine: y[t] = Σ_j Σ_s partials[s][t*k + j] (j outer, s inner), FP32, bf16 out.
+std::vector<bf16> combine_partials(const float* partials, int64_t splits, int64_t tokens,
+                                   int64_t topk, int64_t hidden);
+
 // The activation of one assignment row: silu(x·W_gateᵀ) ⊙ (x·W_upᵀ), in double. [F]
 std::vector<double> expert_act(const bf16* x_row, const bf16* w13_expert, int64_t hidden,
                                int64_t inter);

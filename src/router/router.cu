@@ -13,7 +13,9 @@ template <int EPL>
 void launch(const kernels::router::Params& p, DType w_dtype, cudaStream_t stream) {
   const dim3 grid(unsigned((p.tokens + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock));
   const dim3 block(32 * kernels::router::kWarpsPerBlock);
-  if (p.logits != nullptr || w_dtype == DType::bf16)
+  if (p.logits != nullptr)
+    kernels::router::router_kernel<EPL, void><<<grid, block, 0, stream>>>(p);
+  else if (w_dtype == DType::bf16)
     kernels::router::router_kernel<EPL, __nv_bfloat16><<<grid, block, 0, stream>>>(p);
   else
     kernels::router::router_kernel<EPL, float><<<grid, block, 0, stream>>>(p);

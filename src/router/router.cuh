@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/device.cuh"
 
@@ -54,6 +55,8 @@ template <class WT>
 __device__ __forceinline__ float logit_dot(const __nv_bfloat16* x_row, const WT* w_row, int64_t hidden) {
   const int lane = dev::lane_id();
   float acc = 0.0f;
+  // Unrolled so several 16-byte loads are in flight (the FMA chain itself stays in order).
+#pragma unroll 4
   for (int64_t c = lane; c < hidden / canon::kLogitChunk; c += 32) {
     const uint4 xv = *reinterpret_cast<const uint4*>(x_row + c * 8);
     const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
@@ -94,6 +97,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) logits_kernel(Params p, f
   float acc[kLogitTokens];
 #pragma unroll
   for (int i = 0; i < kLogitTokens; ++i) acc[i] = 0.0f;
+  // Unrolled so several 16-byte loads are in flight (each FMA chain itself stays in order).
+#pragma unroll 2
   for (int64_t c = lane; c < p.hidden / canon::kLogitChunk; c += 32) {
     float w[8];
     if constexpr (sizeof(WT) == 4) {
@@ -125,6 +130,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) logits_kernel(Params p, f
   }
 }
 
+// WT: w_gate's element type when the kernel computes the logits itself; void when they are given.
 template <int EPL, class WT>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
   __shared__ float s_choice[kWarpsPerBlock][32 * EPL];
@@ -138,7 +144,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
   float l[EPL];
 #pragma unroll
   for (int i = 0; i < EPL; ++i) l[i] = -INFINITY;
-  if (p.logits != nullptr) {
+  if constexpr (std::is_void_v<WT>) {  // logits given (by the caller or logits_kernel)
 #pragma unroll
     for (int i = 0; i < EPL; ++i)
       if (i * 32 + lane < E) l[i] = p.logits[t * E + i * 32 + lane];

@@ -23,7 +23,8 @@ std::string ForwardPlan::str() const {
   return "T=" + std::to_string(shape.tokens) + " H=" + std::to_string(shape.hidden) +
          " F=" + std::to_string(shape.inter) + " E=" + std::to_string(shape.experts) +
          " k=" + std::to_string(shape.topk) + " block_m=" + std::to_string(block_m) +
-         " up=" + up.str() + " down=" + down.str();
+         " up=" + up.str() + " down=" + down.str() +
+         (down_splits > 1 ? " down_splits=" + std::to_string(down_splits) : "");
 }
 
 const std::vector<GemmConfig>& compiled_gemm_configs() {
@@ -51,7 +52,8 @@ static int64_t smem_bytes(const GemmConfig& c) {
   return int64_t(c.stages) * (c.block_m + c.block_n) * c.block_k * 2;
 }
 
-ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down) {
+ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down,
+                              int down_splits) {
   detail::expect_shape(shape, "plan_forward");
   const auto& compiled = compiled_gemm_configs();
   if (std::find(compiled.begin(), compiled.end(), up) == compiled.end())
@@ -60,8 +62,11 @@ ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const
     detail::fail("plan_forward", "down", "config " + down.str() + " is not compiled (see src/gemm/configs.hpp)");
   if (up.block_m != down.block_m)
     detail::fail("plan_forward", "down", "block_m must equal the up config's: both GEMMs read one aligned layout");
+  if (down_splits < 1 || down_splits > kMaxDownSplits)
+    detail::fail("plan_forward", "down_splits", "must be in [1, " + std::to_string(kMaxDownSplits) + "], got " + std::to_string(down_splits));
   ForwardPlan plan;
   plan.shape = shape;
+  plan.down_splits = down_splits;
   plan.block_m = up.block_m;
   plan.up = up;
   plan.down = down;
@@ -69,6 +74,23 @@ ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const
   plan.max_rows = (plan.max_rows + plan.block_m - 1) / plan.block_m * plan.block_m;
   plan.max_blocks = plan.max_rows / plan.block_m;
   return plan;
+}
+
+// Decode leaves the down GEMM with few output tiles (Mixtral, T=1: 2 experts x 64 column tiles
+// for 264 resident CTAs), so most SMs would idle. Split K until the expected tiles fill the
+// resident CTAs twice over; each split needs at least 4 K-tiles to keep its pipeline busy.
+static int choose_down_splits(const MoeShape& s, const GemmConfig& c, const DeviceInfo& device) {
+  if (c.block_m != 16) return 1;  // prefill tiles fill the GPU
+  const int64_t assignments = s.tokens * s.topk;
+  const int64_t experts_touched = std::min(s.experts, assignments);
+  const int64_t rows_per_expert = (assignments + experts_touched - 1) / std::max<int64_t>(experts_touched, 1);
+  const int64_t blocks = experts_touched * ((rows_per_expert + c.block_m - 1) / c.block_m);
+  const int64_t tiles = blocks * ((s.hidden + c.block_n - 1) / c.block_n);
+  const int64_t resident = int64_t(device.sm_count) * std::max<int64_t>(1, device.smem_per_block_optin / smem_bytes(c));
+  const int64_t k_tiles = (s.inter + c.block_k - 1) / c.block_k;
+  int splits = 1;
+  while (splits < kMaxDownSplits && tiles * splits < 2 * resident && k_tiles / (2 * splits) >= 4) splits *= 2;
+  return splits;
 }
 
 ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
@@ -87,7 +109,7 @@ ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
       break;
     }
   if (!pick) detail::fail("plan_forward", "device", "no compiled GEMM config fits its shared memory");
-  return plan_forward_with(shape, *pick, *pick);
+  return plan_forward_with(shape, *pick, *pick, choose_down_splits(shape, *pick, device));
 }
 
 // ---- workspace ------------------------------------------------------------------------------
@@ -98,7 +120,7 @@ int64_t round_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 struct Layout {
   int64_t router_logits, topk_ids, topk_weights, sorted_ids, block_expert, num_rows_padded, expert_counts, status,
-      act, y_rows, total;
+      act, y_rows, y_partials, total;
 };
 
 Layout layout_of(const ForwardPlan& p) {
@@ -117,6 +139,7 @@ Layout layout_of(const ForwardPlan& p) {
   l.status = take(4);
   l.act = take(p.max_rows * s.inter * 2);
   l.y_rows = take(tk * s.hidden * 2);
+  l.y_partials = take(p.down_splits > 1 ? p.down_splits * tk * s.hidden * 4 : 0);
   l.total = off;
   return l;
 }
@@ -145,6 +168,8 @@ Workspace carve_workspace(const ForwardPlan& p, void* base, size_t bytes) {
   ws.status = Tensor(b + l.status, DType::i32, {1});
   ws.act = Tensor(b + l.act, DType::bf16, {p.max_rows, s.inter});
   ws.y_rows = Tensor(b + l.y_rows, DType::bf16, {tk, s.hidden});
+  if (p.down_splits > 1)
+    ws.y_partials = Tensor(b + l.y_partials, DType::f32, {int64_t(p.down_splits), tk, s.hidden});
   return ws;
 }
 

@@ -221,6 +221,33 @@ TEST_F(ForwardTest, CudaGraphCaptureAndReplayOnNewInputs) {
   MK_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
+// Decode plans split the down GEMM (plan_forward picks it; checked here, not assumed): the
+// layer still matches the naive loop, bitwise run to run and through a CUDA graph.
+TEST_F(ForwardTest, SplitKDecodeLayer) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  Layer layer({4, 4096, 2048, 8, 2}, softmax_renorm(), false, seed);
+  ASSERT_GT(layer.plan.down_splits, 1) << layer.plan.str();
+  layer.y.poison();
+  layer.forward(stream);
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  layer.check_tokens(sample_tokens(4, 4, rng));
+  const auto first = layer.y.download();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  MK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  layer.forward(stream);
+  MK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  MK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  layer.y.poison();
+  MK_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(layer.y.download(), first);
+  MK_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  MK_CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
 TEST_F(ForwardTest, EmptyBatchIsValid) {
   Layer layer({0, 256, 128, 8, 2}, softmax_renorm(), false, 1);
   layer.forward(stream);

@@ -21,14 +21,14 @@ struct GemmCase {
 
 class GemmTest : public GpuTest {
  protected:
-  void run(const GemmCase& c, const GemmConfig& cfg, bool small_ints) {
+  void run(const GemmCase& c, const GemmConfig& cfg, bool small_ints, int splits = 1) {
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed) + " cfg " + cfg.str() + " T=" + std::to_string(c.T) +
+    SCOPED_TRACE("seed " + std::to_string(seed) + " cfg " + cfg.str() + " splits " + std::to_string(splits) + " T=" + std::to_string(c.T) +
                  " H=" + std::to_string(c.H) + " F=" + std::to_string(c.F) + " E=" + std::to_string(c.E) +
                  (small_ints ? " ints" : " random"));
     std::mt19937_64 rng(seed);
     const MoeShape shape{c.T, c.H, c.F, c.E, c.k};
-    const ForwardPlan plan = plan_forward_with(shape, cfg, cfg);
+    const ForwardPlan plan = plan_forward_with(shape, cfg, cfg, splits);
     const auto ids = make_routing(c.kind, c.T, c.k, c.E, rng);
     run_with_ids(plan, ids, rng, small_ints);
   }
@@ -85,8 +85,21 @@ class GemmTest : public GpuTest {
     expert_down(plan, Tensor(d_w2.ptr, DType::bf16, {s.experts, s.hidden, s.inter}),
                 Tensor(d_w.ptr, DType::f32, {s.tokens, s.topk}), ws, stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // Down output per assignment row: bf16 rows, or (split-K) the FP32 sum of the partials in
+    // slice order — exact on small integers, so compared bitwise there too.
+    const int64_t S = plan.down_splits;
+    std::vector<float> partials(static_cast<size_t>(S > 1 ? S * TK * s.hidden : 0));
     std::vector<ref::bf16> y_rows(static_cast<size_t>(TK * s.hidden));
-    MK_CUDA_CHECK(cudaMemcpy(y_rows.data(), ws.y_rows.data, y_rows.size() * 2, cudaMemcpyDeviceToHost));
+    if (S > 1)
+      MK_CUDA_CHECK(cudaMemcpy(partials.data(), ws.y_partials.data, partials.size() * 4, cudaMemcpyDeviceToHost));
+    else
+      MK_CUDA_CHECK(cudaMemcpy(y_rows.data(), ws.y_rows.data, y_rows.size() * 2, cudaMemcpyDeviceToHost));
+    auto down_value = [&](int64_t a, int64_t h) -> double {
+      if (S == 1) return ref::to_float(y_rows[size_t(a * s.hidden + h)]);
+      float v = 0.0f;
+      for (int64_t sp = 0; sp < S; ++sp) v += partials[size_t((sp * TK + a) * s.hidden + h)];
+      return v;
+    };
     got.clear(), want.clear();
     for (int32_t r = 0; r < al.num_rows_padded; ++r) {
       const int32_t a = al.sorted_ids[size_t(r)];
@@ -95,14 +108,22 @@ class GemmTest : public GpuTest {
       const auto ref_y = ref::expert_down_row(act.data() + int64_t(r) * s.inter, w2.data() + e * s.hidden * s.inter,
                                               weights[size_t(a)], s.hidden, s.inter);
       for (int64_t h = 0; h < s.hidden; ++h) {
-        const ref::bf16 g = y_rows[size_t(a * s.hidden + h)];
-        if (small_ints) ASSERT_EQ(g, ref::to_bf16(float(ref_y[size_t(h)]))) << "assignment " << a << " col " << h;
-        got.push_back(ref::to_float(g));
+        const double g = down_value(a, h);
+        const double exact = S == 1 ? ref::to_float(ref::to_bf16(float(ref_y[size_t(h)]))) : ref_y[size_t(h)];
+        if (small_ints) ASSERT_EQ(g, exact) << "assignment " << a << " col " << h;
+        got.push_back(g);
       }
       want.insert(want.end(), ref_y.begin(), ref_y.end());
     }
     EXPECT_EQ(int64_t(got.size()), TK * s.hidden) << "every assignment row must be written";
     EXPECT_LE(ref::rel_norm_error(got, want), kDownRelTol);
+    if (S > 1) {  // and split-K's combine, bitwise against the oracle
+      DeviceBuffer<ref::bf16> d_y(static_cast<size_t>(s.tokens * s.hidden));
+      d_y.poison();
+      combine_partials(ws.y_partials, s.topk, Tensor(d_y.ptr, DType::bf16, {s.tokens, s.hidden}), stream);
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      ASSERT_EQ(d_y.download(), ref::combine_partials(partials.data(), S, s.tokens, s.topk, s.hidden));
+    }
   }
 };
 
@@ -135,6 +156,18 @@ TEST_F(GemmTest, AdversarialRoutings) {
     run_with_ids(plan_forward_with({total, 128, 128, int64_t(counts.size()), 1}, cfg, cfg),
                  routing_with_counts(counts, 1), rng, true);
   }
+}
+
+// Split-K of the down GEMM: every slice count, K not a multiple of the slices or the tile, a slice
+// left with no K-tiles (F=192, BK=128: 2 K-tiles over 8 slices), adversarial routings.
+TEST_F(GemmTest, DownSplitK) {
+  for (const GemmConfig& cfg : compiled_gemm_configs())
+    for (int splits : {2, 3, 8}) {
+      run({33, 256, 192, 8, 2, RoutingKind::Uniform}, cfg, false, splits);
+      run({64, 256, 1000, 8, 2, RoutingKind::Uniform}, cfg, true, splits);
+      run({17, 192, 640, 4, 2, RoutingKind::AllOnOne}, cfg, true, splits);
+      run({1, 128, 512, 32, 4, RoutingKind::SingleToken}, cfg, false, splits);
+    }
 }
 
 }  // namespace

@@ -1,0 +1,278 @@
+// sm90_expert_gemm.cuh — stages 3 and 4 on Hopper's tensor cores (wgmma): the prefill expert GEMM.
+//
+// Same contract as the mma.sync kernel (expert_gemm.cuh: Mode, Params): a work item is one
+// 128-row block of the aligned layout (one expert, block_expert[b]) times one column tile; a
+// persistent grid walks the items, their number read from the device (num_rows_padded).
+//
+// One CTA = 3 warpgroups, warp-specialised around a STAGES-deep ring of shared-memory stages:
+//   producer  (warpgroup 2, 56 registers): B = BN rows of the expert's weights by TMA (one 4-D
+//             box: Up takes BN/2 gate rows and the same BN/2 up rows); A = the tile's 128 rows by
+//             cp.async, gathered through sorted_ids (Up: x row a/k; Down: act row r in sorted
+//             order), padding rows and the K tail zero-filled, written straight into the 128-byte
+//             swizzle wgmma reads. Each stage's "full" mbarrier completes when the TMA bytes have
+//             landed and all 128 producer threads' cp.async have (cp.async.mbarrier.arrive.noinc).
+//   consumers (warpgroups 0-1, 224 registers): warpgroup w owns rows [64w, 64w+64) and the tile's
+//             BN columns: per stage 4 x wgmma.m64nBNk16 (A and B from shared memory, f32
+//             accumulators in registers), one group in flight while the previous stage is released
+//             through its "empty" mbarrier. Then the epilogue from registers: Up — silu(g)·u from
+//             the paired gate/up accumulators, stored to act row r; Down — times the routing
+//             weight, stored to y_rows row a = sorted_ids[r]. Padding rows are never stored.
+// Every output element is one thread's fixed-order sum: bitwise deterministic.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/canon.hpp"
+#include "gemm/expert_gemm.cuh"  // Mode, Params: the contract both expert GEMMs share
+#include "gemm/sm90_layout.hpp"
+#include "gemm/sm90_ptx.cuh"
+
+namespace moekit::kernels::sm90 {
+
+using gemm::Mode;
+using gemm::Params;
+
+template <int BN, int STAGES>
+struct Config {
+  static constexpr int kBlockN = BN;
+  static constexpr int kStages = STAGES;
+  static constexpr int kAccs = BN / 2;  // m64nBN f32 accumulators per consumer thread
+  static constexpr uint32_t kABytes = kBlockM * kRowBytes;  // one stage of A: [128][64] bf16
+  static constexpr uint32_t kBBytes = BN * kRowBytes;       // one stage of B: [BN][64] bf16
+  static constexpr uint32_t kAOffset = 0;
+  static constexpr uint32_t kBOffset = kAOffset + STAGES * kABytes;
+  static constexpr uint32_t kBarOffset = kBOffset + STAGES * kBBytes;  // full[STAGES], empty[STAGES]
+  // +1024: the dynamic-smem base is only guaranteed 16-byte aligned; the kernel rounds it up.
+  static constexpr size_t kSmemBytes = kBarOffset + 2 * STAGES * 8 + kSwizzleAtomBytes;
+  // full: 128 cp.async arrivals (.noinc) + 1 arrive.expect_tx of the TMA thread.
+  static constexpr uint32_t kFullArrivals = kProducerThreads + 1;
+  // empty: lane 0 of every consumer warp, once its warpgroup's wgmma on the stage completed.
+  static constexpr uint32_t kEmptyArrivals = kConsumerThreads / 32;
+  // 128·56 + 256·224 = 64512 = the 384 × 168 registers the CTA is launched with.
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  template <Mode M>
+  static constexpr int cols_per_tile() { return M == Mode::Up ? BN / 2 : BN; }
+
+  static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
+  static_assert(BN % 64 == 0, "Up pairs BN/2 gate with BN/2 up columns in groups of 32 (quad transpose)");
+  static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
+  static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,
+                "every stage must start on a 1024-byte swizzle atom");
+  static_assert(kBlockM * kBlockK / 8 == kProducerThreads * 8, "A gather: 8 chunks of 16 B per producer thread");
+  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 168 * kThreads,
+                "setmaxnreg must stay within the registers the CTA was launched with");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
+};
+
+// Shared-memory addresses of one CTA (shared window, 1024-byte aligned base).
+template <class Cfg>
+struct Smem {
+  uint32_t base;
+  __device__ uint32_t a(uint32_t stage) const { return base + Cfg::kAOffset + stage * Cfg::kABytes; }
+  __device__ uint32_t b(uint32_t stage) const { return base + Cfg::kBOffset + stage * Cfg::kBBytes; }
+  __device__ uint32_t full(uint32_t stage) const { return base + Cfg::kBarOffset + stage * 8; }
+  __device__ uint32_t empty(uint32_t stage) const { return base + Cfg::kBarOffset + (Cfg::kStages + stage) * 8; }
+};
+
+// ---- producer warpgroup -------------------------------------------------------------------------
+template <Mode M, class Cfg>
+__device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_map, const Smem<Cfg>& sm,
+                                        int64_t items, int64_t blocks, int64_t k_tiles) {
+  constexpr int kChunksPerRow = kRowBytes / 16;                           // 8
+  constexpr int kRowsPerPass = kProducerThreads / kChunksPerRow;          // 16
+  constexpr int kPasses = kBlockM / kRowsPerPass;                         // 8
+  // 8 consecutive threads read one row's 128 contiguous bytes: each warp-wide cp.async moves 4
+  // whole 128-byte lines.
+  const int t = int(threadIdx.x) - kConsumerThreads;
+  const int chunk = t % kChunksPerRow, row_in_pass = t / kChunksPerRow;
+  const bool tma_thread = t == 0;
+
+  uint32_t it = 0;  // k-iterations so far: stage it % STAGES, phase (it / STAGES) & 1
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const TileCoord tile = item_to_tile(item, blocks, p.n_tiles);
+    const int64_t row0 = tile.block * kBlockM;
+    const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
+    const int32_t b_row = int32_t(tile.n_tile * Cfg::template cols_per_tile<M>());
+
+    // This thread's 8 source rows for the whole K loop (64-bit offsets: ids·H overflows 32 bits).
+    const __nv_bfloat16* src[kPasses];
+    uint32_t row_ok = 0;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int64_t r = row0 + row_in_pass + i * kRowsPerPass;
+      const int64_t id = p.sorted_ids[r];
+      const bool ok = id < p.num_assign;
+      const int64_t src_row = M == Mode::Up ? (ok ? id / p.topk : 0) : r;
+      src[i] = p.a + src_row * p.k_dim + chunk * 8;
+      row_ok |= uint32_t(ok) << i;
+    }
+
+    for (int64_t kt = 0; kt < k_tiles; ++kt, ++it) {
+      const uint32_t stage = it % Cfg::kStages, phase = (it / Cfg::kStages) & 1;
+      ptx::mbar_wait(sm.empty(stage), phase ^ 1);  // the consumers released this stage
+      const int32_t k0 = int32_t(kt * kBlockK);
+      if (tma_thread) {
+        // B box: (k0.., b_row.., half 0.., expert); rows past n_dim and K past k_dim read zeros.
+        ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes);
+        ptx::tma_load_4d(sm.b(stage), b_map, sm.full(stage), k0, b_row, 0, expert);
+      }
+      const bool k_ok = k0 + chunk * 8 < p.k_dim;
+      const uint32_t dst = sm.a(stage);
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const bool ok = k_ok && ((row_ok >> i) & 1u);
+        ptx::cp_async16(dst + sw128_offset(uint32_t(row_in_pass + i * kRowsPerPass), uint32_t(chunk)),
+                        ok ? static_cast<const void*>(src[i] + k0) : static_cast<const void*>(p.a), ok ? 16u : 0u);
+      }
+      ptx::cp_async_arrive_noinc(sm.full(stage));
+    }
+  }
+  ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
+}
+
+// ---- consumer warpgroups: mainloop -------------------------------------------------------------
+// acc = A[64 rows of this warpgroup] · B[BN]ᵀ over the whole K of one tile.
+template <class Cfg>
+__device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
+                                         uint64_t desc_b0, int64_t k_tiles, uint32_t& it, int lane) {
+  uint32_t prev_stage = 0;
+  for (int64_t kt = 0; kt < k_tiles; ++kt, ++it) {
+    const uint32_t stage = it % Cfg::kStages, phase = (it / Cfg::kStages) & 1;
+    ptx::mbar_wait(sm.full(stage), phase);
+    // The A rows landed through cp.async (generic proxy); wgmma reads them through the async proxy.
+    ptx::fence_proxy_async_smem();
+    ptx::fence_operands(acc);
+    ptx::wgmma_fence();
+    const uint64_t desc_a = desc_advance(desc_a0, stage * Cfg::kABytes);
+    const uint64_t desc_b = desc_advance(desc_b0, stage * Cfg::kBBytes);
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
+      const uint32_t k_bytes = uint32_t(kk * kWgmmaK * 2);  // along the (pre-swizzle) 128-byte row
+      const bool accumulate = kt > 0 || kk > 0;              // the tile's first wgmma overwrites
+      if constexpr (Cfg::kBlockN == 256)
+        ptx::wgmma_m64n256k16(acc, desc_advance(desc_a, k_bytes), desc_advance(desc_b, k_bytes), accumulate);
+      else
+        ptx::wgmma_m64n128k16(acc, desc_advance(desc_a, k_bytes), desc_advance(desc_b, k_bytes), accumulate);
+    }
+    ptx::wgmma_commit();
+    if (kt > 0) {
+      ptx::wgmma_wait<1>();  // the previous stage's group is done: hand that stage back
+      ptx::fence_operands(acc);
+      if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
+    }
+    prev_stage = stage;
+  }
+  ptx::wgmma_wait<0>();
+  ptx::fence_operands(acc);
+  if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
+}
+
+// ---- consumer warpgroups: epilogue -------------------------------------------------------------
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Stores one row half h (rows lane/4 + 8h of this warp's 16) of the tile. Four n8 column blocks at a
+// time are transposed across the lane quad so each lane stores 8 consecutive columns (16 bytes).
+template <Mode M, class Cfg>
+__device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
+                                           float weight, int64_t out_row, int64_t n0, int lane) {
+  constexpr int kOutBlocks = Cfg::template cols_per_tile<M>() / 8;  // n8 blocks of output columns
+  constexpr int kUpBlock0 = Cfg::kBlockN / 16;                      // Up: first n8 block of "up"
+  const bool row_ok = id < p.num_assign;
+  const int q = lane & 3;
+  auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
+#pragma unroll
+  for (int g = 0; g < kOutBlocks / 4; ++g) {
+    uint32_t x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int v = 4 * (4 * g + i) + 2 * h;  // accumulators of block 4g+i, this row half
+      if constexpr (M == Mode::Up) {
+        const int u = v + 4 * kUpBlock0;        // the same column of the up half
+        x[i] = pack_bf16x2(canon::silu(acc[v]) * acc[u], canon::silu(acc[v + 1]) * acc[u + 1]);
+      } else {
+        x[i] = pack_bf16x2(acc[v] * weight, acc[v + 1] * weight);
+      }
+    }
+    quad_transpose(x, q, shfl);
+    const int64_t n = n0 + 8 * (4 * g + q);
+    if (row_ok && n < p.n_dim)
+      *reinterpret_cast<uint4*>(p.out + out_row * p.n_dim + n) = make_uint4(x[0], x[1], x[2], x[3]);
+  }
+}
+
+template <Mode M, class Cfg>
+__device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, int64_t items, int64_t blocks,
+                                        int64_t k_tiles) {
+  const int wg = int(threadIdx.x) / 128;  // consumer warpgroup 0 or 1
+  const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
+  const uint64_t desc_a0 = make_desc_k_sw128(sm.a(0) + uint32_t(wg * kWgmmaM * kRowBytes));
+  const uint64_t desc_b0 = make_desc_k_sw128(sm.b(0));
+
+  float acc[Cfg::kAccs];
+#pragma unroll
+  for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
+
+  uint32_t it = 0;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const TileCoord tile = item_to_tile(item, blocks, p.n_tiles);
+    const int64_t row0 = tile.block * kBlockM;
+    // This thread's two output rows (acc_row for v%4 = 0 and 2), read before the K loop hides it.
+    int32_t ids[2];
+    float weights[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      ids[h] = p.sorted_ids[row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h)];
+      if constexpr (M == Mode::Down)
+        if (ids[h] < p.num_assign) weights[h] = p.topk_weights[ids[h]];
+    }
+
+    mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, it, lane);
+
+    const int64_t n0 = tile.n_tile * Cfg::template cols_per_tile<M>();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Up: act in sorted order (row r); Down: y_rows at the assignment a = sorted_ids[r].
+      const int64_t out_row = M == Mode::Up ? row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h) : int64_t(ids[h]);
+      store_rows<M, Cfg>(p, acc, h, ids[h], weights[h], out_row, n0, lane);
+    }
+  }
+}
+
+// ---- the kernel ----------------------------------------------------------------------------------
+template <Mode M, int BN, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_expert_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap b_map) {
+  using Cfg = Config<BN, STAGES>;
+  extern __shared__ unsigned char smem_raw[];
+  const Smem<Cfg> sm{(ptx::smem_u32(smem_raw) + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1)};
+
+  if (threadIdx.x == 0) {
+    for (uint32_t s = 0; s < STAGES; ++s) {
+      ptx::mbar_init(sm.full(s), Cfg::kFullArrivals);
+      ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
+    }
+    ptx::mbar_init_fence();
+  }
+  if (threadIdx.x == kConsumerThreads) ptx::tma_prefetch_desc(&b_map);
+  __syncthreads();
+
+  const int64_t blocks = *p.num_rows_padded / kBlockM;
+  const int64_t items = blocks * p.n_tiles;
+  const int64_t k_tiles = (p.k_dim + kBlockK - 1) / kBlockK;
+  if (threadIdx.x >= kConsumerThreads) {
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    produce<M, Cfg>(p, &b_map, sm, items, blocks, k_tiles);
+  } else {
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    consume<M, Cfg>(p, sm, items, blocks, k_tiles);
+  }
+}
+
+}  // namespace moekit::kernels::sm90

@@ -1,0 +1,109 @@
+// sm90_layout.hpp — the layout arithmetic of the Hopper (wgmma) expert GEMM, host and device.
+//
+// Everything here is a pure function so the CPU tests (tests/cpu/sm90_layout_test.cpp) can check
+// it against the PTX ISA's definitions before the kernel (sm90_expert_gemm.cuh) ever runs:
+// the 128-byte shared-memory swizzle the A producer writes and TMA/wgmma use, the wgmma matrix
+// descriptor, where the m64nNk16 accumulator fragment puts each element, and the 4-lane
+// transpose the epilogue uses to turn 4-byte fragments into 16-byte row stores.
+#pragma once
+
+#include <cstdint>
+
+#include "common/canon.hpp"  // MK_HD
+
+namespace moekit::kernels::sm90 {
+
+// ---- tile geometry ------------------------------------------------------------------------------
+inline constexpr int kBlockM = 128;      // rows per tile: the aligned layout's block_m
+inline constexpr int kBlockK = 64;       // bf16 per smem row = one 128-byte swizzle row
+inline constexpr int kRowBytes = kBlockK * 2;
+inline constexpr int kSwizzleAtomBytes = 8 * kRowBytes;  // 8 rows: the 128B pattern's period
+inline constexpr int kWgmmaM = 64;       // rows per wgmma (one consumer warpgroup)
+inline constexpr int kWgmmaK = 16;       // bf16 reduction depth per wgmma
+inline constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
+inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+inline constexpr int kProducerThreads = 128;  // one warpgroup: A gather (cp.async) + B (TMA)
+inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
+static_assert(kRowBytes == 128, "the 128B swizzle needs rows of exactly 128 bytes");
+
+// ---- 128-byte swizzle -----------------------------------------------------------------------------
+// PTX ISA / CUDA driver (CU_TENSOR_MAP_SWIZZLE_128B, wgmma layout type 1): inside each 1024-byte
+// atom, address bits [4,7) (the 16-byte chunk) are XORed with bits [7,10) (the row within 8).
+// The tile starts 1024-byte aligned, so the row within the atom is row % 8.
+MK_HD constexpr uint32_t sw128_address_bits(uint32_t linear_byte) {
+  return linear_byte ^ (((linear_byte >> 7) & 7u) << 4);
+}
+// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a swizzled [rows][64] bf16 tile.
+MK_HD constexpr uint32_t sw128_offset(uint32_t row, uint32_t chunk) {
+  return row * uint32_t(kRowBytes) + ((chunk ^ (row & 7u)) << 4);
+}
+
+// ---- wgmma matrix descriptor (PTX ISA "Matrix Descriptor Format", sm_90a) ---------------------------
+//   bits  0-13  start address          encode(addr)
+//   bits 16-29  leading byte offset    encode(LBO): unused for K-major swizzled tiles; 16 B by convention
+//   bits 32-45  stride byte offset     encode(SBO): from one 8-row core-matrix group to the next
+//   bits 49-51  base offset            0: every descriptor start keeps address bits [7,10) = 0
+//   bits 62-63  swizzle mode           1 = 128B, 2 = 64B, 3 = 32B, 0 = none
+// with encode(x) = (x & 0x3FFFF) >> 4.
+inline constexpr uint64_t kDescSwizzle128B = 1;
+MK_HD constexpr uint64_t desc_encode(uint32_t x) { return uint64_t((x & 0x3FFFFu) >> 4); }
+// K-major bf16 tile of 128-byte rows, 128B-swizzled: SBO = 8 rows * 128 B.
+MK_HD constexpr uint64_t make_desc_k_sw128(uint32_t smem_addr) {
+  return desc_encode(smem_addr) | (desc_encode(16) << 16) | (desc_encode(kSwizzleAtomBytes) << 32) |
+         (kDescSwizzle128B << 62);
+}
+// Descriptor of the k16 slice `kk` (0..3) of the BK=64 tile starting `row0` rows in: the start moves
+// kk * 32 bytes along the (pre-swizzle) row, as CUTLASS/DeepGEMM do — the hardware applies the
+// XOR on the final address bits, so the slice stays consistent with the tile's swizzle.
+MK_HD constexpr uint64_t desc_advance(uint64_t desc, uint32_t byte_offset) {
+  return desc + desc_encode(byte_offset);
+}
+
+// ---- m64nNk16 f32 accumulator fragment (PTX ISA "wgmma .m64nNk16 register fragment layout D") ------
+// Element v of a thread's N/2 accumulators, for warp `warp` (0..3) of the warpgroup and `lane`:
+// each n8 column block j = v/4 is an m16n8 fragment: rows lane/4 (+8 for v%4 >= 2), columns
+// 2*(lane%4) + v%2.
+MK_HD constexpr int acc_row(int warp, int lane, int v) { return 16 * warp + lane / 4 + 8 * ((v >> 1) & 1); }
+MK_HD constexpr int acc_col(int lane, int v) { return 8 * (v >> 2) + 2 * (lane & 3) + (v & 1); }
+
+// ---- the epilogue's quad transpose ---------------------------------------------------------------
+// Lane q (0..3 within a quad) holds x[i] = packed bf16 pair of columns 8i + 2q, +1 of one row, for
+// four n8 blocks i. After the transpose it holds x[c] = columns 8q + 2c, +1: eight consecutive
+// columns, one 16-byte store. Two butterfly steps (lane masks 1 and 2), each swapping the element
+// pairs whose index bit differs from the lane's; `shfl_xor(v, m)` returns lane q^m's v and must be
+// called by all four lanes in the same order (it is __shfl_xor_sync on the device).
+template <class ShflXor>
+MK_HD void quad_transpose(uint32_t (&x)[4], int q, ShflXor&& shfl_xor) {
+#pragma unroll
+  for (int m = 1; m <= 2; m <<= 1) {
+    const bool upper = (q & m) != 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (i & m) continue;  // each pair (i, i|m) once
+      const uint32_t send = upper ? x[i] : x[i | m];
+      const uint32_t recv = shfl_xor(send, m);
+      if (upper)
+        x[i] = recv;
+      else
+        x[i | m] = recv;
+    }
+  }
+}
+
+// ---- persistent schedule -------------------------------------------------------------------------
+// Work item -> (block, column tile), identical to the mma.sync kernel's order (expert_gemm.cuh):
+// groups of kGroupBlocks blocks, column tiles outermost inside a group, so the CTAs running at once
+// share a few experts' B tiles and a few blocks' A rows in L2.
+inline constexpr int64_t kGroupBlocks = 8;
+struct TileCoord {
+  int64_t block, n_tile;
+};
+MK_HD constexpr TileCoord item_to_tile(int64_t item, int64_t blocks, int64_t n_tiles) {
+  const int64_t group = item / (kGroupBlocks * n_tiles);
+  const int64_t first = group * kGroupBlocks;
+  const int64_t in_group = blocks - first < kGroupBlocks ? blocks - first : kGroupBlocks;
+  const int64_t j = item - group * kGroupBlocks * n_tiles;
+  return {first + j % in_group, j / in_group};
+}
+
+}  // namespace moekit::kernels::sm90

@@ -1,0 +1,20 @@
+"""Helpers of the GPU tests: seeded inputs and the error bound."""
+import torch
+
+# bf16 operands and bf16 intermediates (act, the weighted rows, y) against an FP32 reference on
+# the same bf16 inputs: each rounding adds ~2^-9 relative, a handful of them stay well under
+# 1e-2, while a wrong row, expert or weight is O(1). Written once, used by every GPU test.
+BOUND = 1e-2
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(seed)
+
+
+def randn(*shape, seed: int, dtype=torch.bfloat16, std: float = 1.0) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="cuda").normal_(0, std, generator=gen(seed))
+
+
+def small_layer(H=1024, F=512, E=16, seed=0) -> dict:
+    return dict(w_gate=randn(E, H, seed=seed, std=H ** -0.5), w13=randn(E, 2 * F, H, seed=seed + 1, std=H ** -0.5),
+                w2=randn(E, H, F, seed=seed + 2, std=F ** -0.5))

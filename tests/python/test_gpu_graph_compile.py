@@ -1,0 +1,128 @@
+"""GPU tests: the torch custom ops under torch.compile (fullgraph, dynamic shapes, inductor's
+CUDA graphs) and under torch.cuda.graph capture + replay on new inputs. Same kernels, so the
+results must equal eager ones bit for bit."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import moekit  # noqa: E402
+import moekit.torch as mt  # noqa: E402
+
+from gpu_util import BOUND, randn, small_layer  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+H, F, E, K = 1024, 512, 16, 4
+ROUTING = dict(top_k=K, renormalize=True)
+
+
+@pytest.fixture(scope="module")
+def layer():
+    return small_layer(H, F, E, seed=21)
+
+
+def moe(w, x):
+    return moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], **ROUTING)
+
+
+def test_torch_compile_fullgraph_matches_eager(layer):
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: moe(layer, x) * 1.0, fullgraph=True, dynamic=True)
+    for T in (1, 7, 64, 300):
+        x = randn(T, H, seed=T)
+        assert torch.equal(compiled(x), moe(layer, x)), f"T={T}"
+
+
+def test_torch_compile_module_reduce_overhead():
+    """mode="reduce-overhead": inductor records the ops in a CUDA graph (cudagraph trees)."""
+    torch._dynamo.reset()
+    m = mt.MoE(H, F, E, K, renormalize=True, device="cuda")
+    compiled = torch.compile(m, mode="reduce-overhead", fullgraph=True)
+    x = randn(2, 50, H, seed=5)
+    with torch.inference_mode():
+        want = m(x)
+        for _ in range(4):  # warm-up runs, then recorded, then replayed
+            got = compiled(x).clone()
+    assert torch.equal(got, want)
+
+
+def test_torch_compile_route_and_experts(layer):
+    torch._dynamo.reset()
+
+    def two_step(x):
+        topk_w, topk_ids = mt.route(x, layer["w_gate"], **ROUTING)
+        return moekit.fused_experts(x, layer["w13"], layer["w2"], topk_w, topk_ids)
+
+    x = randn(100, H, seed=8)
+    assert torch.equal(torch.compile(two_step, fullgraph=True)(x), moe(layer, x))
+
+
+def capture(fn):
+    """torch.cuda.graph capture of fn() after a warm-up on a side stream (the documented recipe)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+@pytest.mark.parametrize("T", [1, 200])
+def test_cuda_graph_capture_and_replay_on_new_inputs(layer, T):
+    static_x = randn(T, H, seed=0)
+    g, static_y = capture(lambda: moe(layer, static_x))
+    for seed in range(1, 4):
+        x = randn(T, H, seed=seed)
+        static_x.copy_(x)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, moe(layer, x)), f"replay {seed}"
+
+
+def test_cuda_graph_module_experts_and_stages(layer):
+    T = 77
+    static_x = randn(T, H, seed=1)
+    m = mt.MoE(H, F, E, K, renormalize=True, device="cuda")
+    g_mod, y_mod = capture(lambda: m(static_x))
+    topk_w, topk_ids = mt.route(static_x, layer["w_gate"], **ROUTING)
+    g_exp, y_exp = capture(lambda: moekit.fused_experts(static_x, layer["w13"], layer["w2"], topk_w, topk_ids))
+    ws = mt.Workspace(T, H, F, E, K)
+
+    def stages():
+        mt.align(ws, topk_ids)
+        mt.expert_up(ws, static_x, layer["w13"])
+        mt.expert_down(ws, layer["w2"], topk_w)
+        return mt.combine(ws.view("y_rows"), K)
+
+    g_st, y_st = capture(stages)
+    x = randn(T, H, seed=2)
+    static_x.copy_(x)
+    new_w, new_ids = mt.route(x, layer["w_gate"], **ROUTING)
+    topk_w.copy_(new_w)
+    topk_ids.copy_(new_ids)
+    for g in (g_mod, g_exp, g_st):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_mod, m(x))
+    want = moekit.fused_experts(x, layer["w13"], layer["w2"], new_w, new_ids)
+    assert torch.equal(y_exp, want) and torch.equal(y_st, want)
+    assert torch.equal(want, moe(layer, x))
+
+
+def test_graph_replays_on_a_side_stream_without_touching_the_default_stream(layer):
+    """No call syncs or orders against the legacy default stream (a DLPack export without a
+    stream would): a capture in cudaStreamCaptureModeGlobal fails on any such call."""
+    static_x = randn(16, H, seed=3)
+    g = torch.cuda.CUDAGraph()
+    moe(layer, static_x)  # warm (plan cache, allocator)
+    with torch.cuda.graph(g, capture_error_mode="global"):
+        static_y = moe(layer, static_x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_y, moe(layer, static_x))
+    assert static_y.isfinite().all() and static_y.float().norm() > 0
+    assert BOUND > 0

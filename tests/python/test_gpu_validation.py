@@ -1,0 +1,75 @@
+"""GPU tests: bad CUDA inputs raise an exception naming the argument — in the Python layer
+(moekit.torch) and in the binding (moekit.Error from C++ moekit::Error)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import moekit  # noqa: E402
+import moekit.torch as mt  # noqa: E402
+
+from gpu_util import randn, small_layer  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+H, F, E, K, T = 1024, 512, 16, 4, 10
+
+
+@pytest.fixture(scope="module")
+def w():
+    return small_layer(H, F, E)
+
+
+def test_python_layer_names_the_argument(w):
+    x = randn(T, H, seed=0)
+    with pytest.raises(moekit.Error, match="argument 'x': must be contiguous"):
+        moekit.fused_moe(randn(H, T, seed=0).t(), w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K)
+    with pytest.raises(moekit.Error, match="argument 'w2': expected dtype bfloat16, got float16"):
+        moekit.fused_moe(x, w["w13"], w["w2"].half(), w_gate=w["w_gate"], top_k=K)
+    with pytest.raises(moekit.Error, match="argument 'router_logits': expected a CUDA tensor, got one on cpu"):
+        moekit.fused_moe(x, w["w13"], w["w2"], router_logits=torch.zeros(T, E), top_k=K)
+    with pytest.raises(moekit.Error, match=r"argument 'w13': expected shape \[E, 2F, H\]"):
+        moekit.fused_moe(x, w["w13"][:, :, :512].contiguous(), w["w2"], w_gate=w["w_gate"], top_k=K)
+
+
+def test_binding_names_the_argument(w):
+    """The low-level entries check what reaches C++: device, dtype, strides, sizes; moekit::Error
+    from the library arrives as moekit.Error (a ValueError)."""
+    p = moekit.plan_forward(T, H, F, E, K)
+    ws = torch.empty(p.workspace_bytes, dtype=torch.uint8, device="cuda")
+    x = randn(T, H, seed=1)
+    y = torch.empty_like(x)
+    ids = torch.zeros((T, K), dtype=torch.int32, device="cuda")
+    wts = torch.ones((T, K), device="cuda")
+    args = [p, x, w["w13"], w["w2"], ids, wts, y, ws]
+
+    def call(i, value):
+        a = list(args)
+        a[i] = value
+        moekit.experts_forward(*a)
+
+    with pytest.raises(moekit.Error, match="experts_forward: argument 'x': must be contiguous"):
+        call(1, randn(H, T, seed=0).t())
+    with pytest.raises(moekit.Error, match="experts_forward: argument 'x': expected dtype bf16, f32 or i32.*float16"):
+        call(1, x.half())
+    with pytest.raises(ValueError, match=r"moekit::experts_forward: argument 'w2': expected dtype bf16, got f32"):
+        call(3, w["w2"].float())
+    with pytest.raises(ValueError, match=r"moekit::experts_forward: argument 'topk_ids': expected shape \[10, 4\]"):
+        call(4, ids[:5])
+    with pytest.raises(moekit.Error, match="argument 'y': expected a CUDA device array, got one on cpu"):
+        call(6, y.cpu())
+    with pytest.raises(moekit.Error, match="argument 'workspace': has 100 bytes; this plan needs"):
+        call(7, ws[:100])
+    with pytest.raises(moekit.Error, match="argument 'workspace': must start on a 256-byte boundary"):
+        call(7, ws[16:])
+    with pytest.raises(moekit.Error, match="route: argument 'scoring': expected 'softmax' or 'sigmoid'"):
+        moekit.route(x, w["w_gate"], None, None, ids, wts, scoring="relu")
+    with pytest.raises(ValueError, match="moekit::route: argument 'opt.topk_group'"):
+        moekit.route(x, w["w_gate"], None, None, ids, wts, n_group=4, topk_group=0)
+
+
+def test_forward_only(w):
+    x = randn(T, H, seed=2).requires_grad_()
+    with pytest.raises(moekit.Error, match="argument 'x': requires grad"):
+        moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K)
+    with torch.no_grad():
+        assert moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K).shape == (T, H)

@@ -1,0 +1,157 @@
+"""CPU tests that need neither PyTorch nor a GPU: import, planning, argument validation through
+the DLPack boundary (NumPy arrays, or buffer-protocol arrays from the standard library)."""
+import array
+import importlib.util
+
+import pytest
+
+import moekit
+
+needs_no_gpu = pytest.mark.skipif(moekit.device_count() > 0, reason="checks the behaviour without a GPU")
+
+
+def host_array(n=16, code="f"):
+    """A CPU array any DLPack consumer can import: NumPy when installed, else array.array."""
+    if importlib.util.find_spec("numpy"):
+        import numpy as np
+
+        return np.zeros(n, dtype={"f": np.float32, "i": np.int32, "B": np.uint8}[code])
+    return array.array(code, [0] * n)
+
+
+def test_import_without_gpu_or_torch():
+    assert moekit.__version__.count(".") == 2
+    assert moekit.MAX_EXPERTS == 512 and moekit.MAX_TOPK == 16
+    assert issubclass(moekit.Error, ValueError)
+    assert issubclass(moekit.CudaError, RuntimeError)
+    assert moekit.device_count() >= 0
+    assert moekit.compiled_gemm_configs()
+
+
+def test_plan_without_gpu(h200):
+    # Rows per expert pick the tile: decode (16), middle (64), prefill (128).
+    for tokens, block_m in ((1, 16), (256, 64), (4096, 128)):
+        p = moekit.plan_forward(tokens, 4096, 14336, 8, 2, device=h200)
+        assert p.block_m == block_m
+        assert (p.tokens, p.hidden, p.inter, p.experts, p.topk) == (tokens, 4096, 14336, 8, 2)
+        assert p.max_rows >= tokens * 2 + 8 * (block_m - 1)
+        assert p.max_rows % block_m == 0 and p.max_blocks == p.max_rows // block_m
+        assert p.workspace_bytes >= p.max_rows * 14336 * 2 + tokens * 2 * 4096 * 2
+        assert f"block_m={block_m}" in str(p) and str(p) == p.str()
+        assert "moekit.Plan(" in repr(p)
+
+
+def test_workspace_layout_is_disjoint_and_aligned(h200):
+    p = moekit.plan_forward(77, 2048, 768, 128, 8, device=h200)
+    layout = p.workspace_layout()
+    assert set(layout) == {"router_logits", "topk_ids", "topk_weights", "sorted_ids", "block_expert", "num_rows_padded",
+                           "expert_counts", "act", "y_rows", "status"}
+    spans = []
+    for name, (offset, dtype, shape) in layout.items():
+        assert offset % 256 == 0, name
+        n = 1
+        for s in shape:
+            n *= s
+        spans.append((offset, offset + n * (2 if dtype == "bf16" else 4)))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert spans[-1][1] <= p.workspace_bytes
+    assert layout["act"][1:] == ("bf16", [p.max_rows, 768])
+    assert layout["topk_ids"][1:] == ("i32", [77, 8])
+
+
+def test_empty_batch_plans(h200):
+    p = moekit.plan_forward(0, 2048, 768, 128, 8, device=h200)
+    assert p.tokens == 0 and p.workspace_bytes > 0
+
+
+@pytest.mark.parametrize("args, arg", [
+    ((64, 4095, 14336, 8, 2), "shape.hidden"),
+    ((64, 4096, 14330, 8, 2), "shape.inter"),
+    ((64, 4096, 14336, 0, 2), "shape.experts"),
+    ((64, 4096, 14336, 8, 9), "shape.topk"),
+    ((-1, 4096, 14336, 8, 2), "shape.tokens"),
+])
+def test_plan_errors_name_the_argument(h200, args, arg):
+    # moekit::Error from C++ arrives as moekit.Error, a ValueError.
+    with pytest.raises(ValueError, match=f"argument '{arg}'"):
+        moekit.plan_forward(*args, device=h200)
+
+
+def test_plan_rejects_non_hopper():
+    with pytest.raises(moekit.Error, match="argument 'device'.*sm_90a"):
+        moekit.plan_forward(64, 4096, 14336, 8, 2, device=moekit.DeviceInfo(cc_major=8, cc_minor=0))
+
+
+def test_plan_device_argument_type():
+    with pytest.raises(TypeError, match="argument 'device'"):
+        moekit.plan_forward(64, 4096, 14336, 8, 2, device="cuda")
+
+
+@needs_no_gpu
+def test_gpu_calls_raise_a_clear_error_without_gpu():
+    assert moekit.device_count() == 0
+    with pytest.raises(moekit.CudaError, match="no CUDA GPU is available.*Hopper"):
+        moekit.plan_forward(64, 4096, 14336, 8, 2)
+    with pytest.raises(moekit.CudaError, match="no CUDA GPU is available"):
+        moekit.query_device()
+
+
+def test_host_array_where_cuda_expected_names_the_argument():
+    y = host_array(8)
+    with pytest.raises(moekit.Error, match="moekit.combine: argument 'y_rows': expected a CUDA device array, "
+                                           "got one on cpu"):
+        moekit.combine(host_array(16), 2, y)
+
+
+def test_stage_arguments_are_checked_in_order(h200):
+    p = moekit.plan_forward(4, 64, 64, 4, 2, device=h200)
+    with pytest.raises(moekit.Error, match="experts_forward: argument 'x': expected a CUDA device array"):
+        moekit.experts_forward(p, host_array(), host_array(), host_array(), host_array(code="i"), host_array(),
+                               host_array(), host_array(code="B"))
+    with pytest.raises(moekit.Error, match="argument 'topk_ids': expected a CUDA"):
+        moekit.align(p, host_array(code="i"), host_array(code="B"))
+    with pytest.raises(moekit.Error, match="argument 'x': expected a CUDA"):
+        moekit.expert_up(p, host_array(), host_array(), host_array(code="B"))
+    with pytest.raises(moekit.Error, match="argument 'w2': expected a CUDA"):
+        moekit.expert_down(p, host_array(), host_array(), host_array(code="B"))
+    with pytest.raises(moekit.Error, match="argument 'workspace': expected a CUDA"):
+        moekit.check_status(p, host_array(code="B"))
+
+
+def test_missing_and_foreign_arguments_name_the_argument(h200):
+    p = moekit.plan_forward(4, 64, 64, 4, 2, device=h200)
+    with pytest.raises(moekit.Error, match="moe_forward: argument 'x': is required but was None"):
+        moekit.moe_forward(p, None, None, None, None, None, None, None, None)
+    with pytest.raises(TypeError, match="argument 'x': expected an array with DLPack support.*got str"):
+        moekit.expert_up(p, "x", host_array(), host_array(code="B"))
+    with pytest.raises(moekit.Error, match="route: argument 'x': give router_logits"):
+        moekit.route(None, None, None, None, host_array(code="i"), host_array())
+    with pytest.raises(moekit.Error, match="route: argument 'router_logits': expected a CUDA"):
+        moekit.route(None, None, host_array(), None, host_array(code="i"), host_array())
+
+
+def test_torch_names_need_torch():
+    if importlib.util.find_spec("torch") is not None:
+        assert callable(moekit.fused_moe)
+    else:
+        with pytest.raises(ImportError, match="moekit.fused_moe needs PyTorch"):
+            moekit.fused_moe
+    with pytest.raises(AttributeError):
+        moekit.no_such_name
+
+
+def test_binding_checks_dtype_and_strides_before_the_device():
+    """What is wrong with an array itself is reported on any machine, naming the argument."""
+    np = pytest.importorskip("numpy")
+    y = np.zeros((4, 8), np.float32)
+    with pytest.raises(moekit.Error, match=r"combine: argument 'y_rows': expected dtype bf16, f32 or i32 .*got float64"):
+        moekit.combine(np.zeros((8, 8)), 2, y)
+    with pytest.raises(moekit.Error, match=r"combine: argument 'y_rows': must be contiguous \(row-major\): shape "
+                                           r"\[8, 8\] has strides \[16, 2\]"):
+        moekit.combine(np.zeros((8, 16), np.float32)[:, ::2], 2, y)
+    with pytest.raises(moekit.Error, match="argument 'y_rows': expected at most 4 dimensions, got 5"):
+        moekit.combine(np.zeros((1, 1, 1, 1, 8), np.float32), 2, y)
+    with pytest.raises(moekit.Error, match="check_status: argument 'workspace': expected a 1-D byte buffer"):
+        moekit.check_status(moekit.plan_forward(4, 64, 64, 4, 2, device=moekit.DeviceInfo(cc_major=9,
+                            smem_per_block_optin=232448)), np.zeros((4, 4), np.uint8))

@@ -1,0 +1,191 @@
+"""CPU tests of moekit.torch (need PyTorch, not a GPU): argument validation names the argument,
+the custom ops' fake implementations, and torch.compile tracing through them with no graph break
+(on fake CUDA tensors)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import moekit  # noqa: E402
+import moekit.torch as mt  # noqa: E402
+
+T, H, F, E, K = 5, 64, 32, 8, 2
+bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
+
+
+D = "cuda"  # fake CUDA tensors (FakeTensorMode): every check but "is it on a GPU" runs on the CPU
+
+
+def layer(device=D, **over):
+    t = dict(x=torch.zeros(T, H, dtype=bf16, device=device),
+             w13=torch.zeros(E, 2 * F, H, dtype=bf16, device=device),
+             w2=torch.zeros(E, H, F, dtype=bf16, device=device),
+             w_gate=torch.zeros(E, H, dtype=bf16, device=device))
+    t.update(over)
+    return t
+
+
+def call(device=D, **over):
+    t = layer(device, **{k: v for k, v in over.items() if k in ("x", "w13", "w2", "w_gate")})
+    kw = dict(top_k=K)
+    kw.update({k: v for k, v in over.items() if k not in ("x", "w13", "w2", "w_gate")})
+    return moekit.fused_moe(t["x"], t["w13"], t["w2"], w_gate=t["w_gate"], **kw)
+
+
+def z(*shape, dtype=bf16, device=D):
+    return torch.zeros(*shape, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("over, match", [
+    (lambda: dict(x=z(T, H, dtype=f32)), "argument 'x': expected dtype bfloat16, got float32"),
+    (lambda: dict(x=z(T, H, 1)), r"argument 'x': expected shape \[T, H\] = \[\?, \?\], got \[5, 64, 1\]"),
+    (lambda: dict(w13=z(E, 2 * F, H + 8)), r"argument 'w13': expected shape \[E, 2F, H\] = \[\?, \?, 64\]"),
+    (lambda: dict(w13=z(E, 2 * F + 1, H)), "argument 'w13': .*odd row count"),
+    (lambda: dict(w13=z(E, 2 * F, H, dtype=torch.float16)), "argument 'w13': expected dtype bfloat16, got float16"),
+    (lambda: dict(w2=z(E, H, F + 8)), r"argument 'w2': expected shape \[E, H, F\] = \[8, 64, 32\]"),
+    (lambda: dict(w2=z(E, F, H).transpose(1, 2)), "argument 'w2': must be contiguous"),
+    (lambda: dict(x=z(H, T).t()), "argument 'x': must be contiguous"),
+    (lambda: dict(w_gate=z(E, H, dtype=torch.float16)), "argument 'w_gate': expected dtype bfloat16 or float32"),
+    (lambda: dict(w_gate=None), "argument 'router_logits': give router_logits"),
+    (lambda: dict(router_logits=z(T, E, dtype=f32)), "argument 'w_gate': give router_logits or w_gate, not both"),
+    (lambda: dict(w_gate=None, router_logits=z(T, E)), "argument 'router_logits': expected dtype float32"),
+    (lambda: dict(w_gate=None, router_logits=z(T, E, dtype=f32, device="cpu")),
+     "argument 'router_logits': expected a CUDA tensor, got one on cpu"),
+    (lambda: dict(e_score_correction_bias=z(E + 1, dtype=f32)), "argument 'e_score_correction_bias': expected shape"),
+    (lambda: dict(top_k=0), r"argument 'top_k': must be in \[1, min\(16, experts=8\)\]"),
+    (lambda: dict(top_k=9), "argument 'top_k'"),
+    (lambda: dict(scoring_func="relu"), "argument 'scoring_func': expected 'softmax' or 'sigmoid'"),
+    (lambda: dict(num_expert_group=4), "argument 'topk_group': grouped top-k needs both"),
+    (lambda: dict(num_expert_group=3, topk_group=1), "argument 'num_expert_group': must divide experts=8"),
+    (lambda: dict(num_expert_group=4, topk_group=5), r"argument 'topk_group': must be in \[1, num_expert_group=4\]"),
+    (lambda: dict(num_expert_group=8, topk_group=1), "argument 'topk_group': 1 groups of 1 experts hold fewer"),
+    (lambda: dict(routed_scaling_factor=float("nan")), "argument 'routed_scaling_factor'"),
+])
+def test_fused_moe_validation_names_the_argument(over, match):
+    with FakeTensorMode():
+        kw = over()
+        with pytest.raises(moekit.Error, match=match):
+            call(**kw)
+
+
+def test_cpu_tensor_where_cuda_expected():
+    with pytest.raises(moekit.Error, match="fused_moe: argument 'x': expected a CUDA tensor, got one on cpu"):
+        call(device="cpu")
+    with pytest.raises(moekit.Error, match="argument 'x': expected a CUDA tensor, got one on cpu"):
+        mt.MoE(H, F, E, K, device="cpu")(torch.zeros(2, 3, H, dtype=bf16))
+
+
+def test_wrong_python_types_raise_type_error():
+    with FakeTensorMode():
+        with pytest.raises(TypeError, match="argument 'top_k': expected an int, got NoneType"):
+            call(top_k=None)
+        with pytest.raises(TypeError, match="argument 'w13': expected a torch.Tensor, got list"):
+            call(w13=[[0.0]])
+
+
+def test_other_entries_validate():
+    with FakeTensorMode():
+        t = layer()
+        ids, w = z(T, K, dtype=i32), z(T, K, dtype=f32)
+        with pytest.raises(moekit.Error, match="fused_experts: argument 'topk_ids': expected dtype int32, got int64"):
+            moekit.fused_experts(t["x"], t["w13"], t["w2"], w, z(T, K, dtype=torch.int64))
+        with pytest.raises(moekit.Error, match=r"fused_experts: argument 'topk_weights': expected shape \[T, k\] = \[5, 2\]"):
+            moekit.fused_experts(t["x"], t["w13"], t["w2"], z(T, K + 1, dtype=f32), ids)
+        with pytest.raises(moekit.Error, match="fused_experts: argument 'topk_ids': expected a CUDA tensor, got one on cpu"):
+            moekit.fused_experts(t["x"], t["w13"], t["w2"], w, ids.cpu())
+        with pytest.raises(moekit.Error, match="fused_experts: argument 'w2': is on cuda:1 but 'x' is on cuda:0"):
+            moekit.fused_experts(t["x"], t["w13"], z(E, H, F, device="cuda:1"), w, ids)
+        with pytest.raises(moekit.Error, match="route: argument 'w_gate': give router_logits"):
+            mt.route(t["x"], top_k=2)
+        with pytest.raises(moekit.Error, match="route: argument 'w_gate': give router_logits or x with w_gate"):
+            mt.route(w_gate=t["w_gate"], router_logits=z(T, E, dtype=f32), top_k=2)
+        with pytest.raises(moekit.Error, match="combine: argument 'y_rows': row count 5 is not a multiple of top_k=2"):
+            mt.combine(z(5, H), 2)
+        assert moekit.fused_experts(t["x"], t["w13"], t["w2"], w, ids).shape == (T, H)
+        assert [r.shape for r in mt.route(router_logits=z(T, E, dtype=f32), top_k=3)] == [(T, 3), (T, 3)]
+
+
+def test_module_parameters_and_errors():
+    m = mt.MoE(H, F, E, K, renormalize=True, device="cpu")
+    assert dict((n, tuple(p.shape)) for n, p in m.named_parameters()) == {
+        "w_gate": (E, H), "w13": (E, 2 * F, H), "w2": (E, H, F)}
+    assert m.e_score_correction_bias is None
+    assert "top_k=2" in repr(m)
+    b = mt.MoE(H, F, E, K, scoring_func="sigmoid", num_expert_group=4, topk_group=2, score_bias=True,
+               routed_scaling_factor=2.5, device="meta")
+    assert b.e_score_correction_bias.shape == (E,) and "e_score_correction_bias" in dict(b.named_buffers())
+    with pytest.raises(moekit.Error, match="MoE: argument 'dtype'"):
+        mt.MoE(H, F, E, K, dtype=torch.float16)
+    with pytest.raises(moekit.Error, match="MoE: argument 'top_k'"):
+        mt.MoE(H, F, E, 0)
+
+
+@pytest.mark.skipif(moekit.device_count() > 0, reason="checks the behaviour without a GPU")
+def test_gpu_entry_points_raise_a_clear_error_without_gpu():
+    with pytest.raises(moekit.CudaError, match="no CUDA GPU is available"):
+        mt.plan(T, H, F, E, K)
+    with pytest.raises(moekit.CudaError, match="no CUDA GPU is available"):
+        mt.Workspace(T, H, F, E, K)
+
+
+def test_fake_implementations_on_meta():
+    t = layer(device="meta")
+    y = torch.ops.moekit.fused_moe(t["x"], t["w13"], t["w2"], None, t["w_gate"], None, K, True, "softmax", 0, 0, 1.0)
+    assert y.shape == (T, H) and y.dtype == bf16
+    w, ids = torch.ops.moekit.route(t["x"], t["w_gate"], None, None, K, False, "softmax", 0, 0, 1.0)
+    assert (w.shape, w.dtype, ids.shape, ids.dtype) == ((T, K), f32, (T, K), i32)
+    y = torch.ops.moekit.fused_experts(t["x"], t["w13"], t["w2"], w, ids)
+    assert y.shape == (T, H)
+    assert torch.ops.moekit.combine(torch.empty(T * K, H, dtype=bf16, device="meta"), K).shape == (T, H)
+
+
+def test_dynamo_traces_fused_moe_and_module_without_graph_break():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def f(x, w13, w2, w_gate):
+        return moekit.fused_moe(x, w13, w2, w_gate=w_gate, top_k=K, renormalize=True) * 2
+
+    torch._dynamo.reset()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        t = layer()
+        y = torch.compile(f, backend=backend, fullgraph=True)(t["x"], t["w13"], t["w2"], t["w_gate"])
+        assert y.shape == (T, H) and y.device.type == "cuda"
+        m = mt.MoE(H, F, E, K, device="cuda")
+        y = torch.compile(m, backend=backend, fullgraph=True)(torch.empty(2, 3, H, dtype=bf16, device="cuda"))
+        assert y.shape == (2, 3, H)
+    assert len(graphs) == 2
+    for gm in graphs:
+        assert "torch.ops.moekit.fused_moe" in gm.code
+
+
+def test_forward_only_refuses_inputs_that_need_grad():
+    with FakeTensorMode():
+        t = layer()
+        w13 = t["w13"].clone().requires_grad_()
+        with pytest.raises(moekit.Error, match="fused_moe: argument 'w13': requires grad, but moekit is forward-only"):
+            moekit.fused_moe(t["x"], w13, t["w2"], w_gate=t["w_gate"], top_k=K)
+        with torch.no_grad():
+            assert moekit.fused_moe(t["x"], w13, t["w2"], w_gate=t["w_gate"], top_k=K).shape == (T, H)
+        m = mt.MoE(H, F, E, K, device=D)
+        assert not any(p.requires_grad for p in m.parameters())
+        assert m(z(3, H)).shape == (3, H)
+
+
+def test_binding_reads_torch_capsules():
+    """moekit.torch hands tensors over as DLPack capsules: bf16 is recognised, strides and the
+    device are checked in the binding, naming the argument."""
+    from torch.utils.dlpack import to_dlpack
+
+    y_rows = torch.zeros(8, H, dtype=bf16)
+    with pytest.raises(moekit.Error, match="combine: argument 'y_rows': expected a CUDA device array, got one on cpu"):
+        moekit.combine(to_dlpack(y_rows), 2, to_dlpack(torch.zeros(4, H, dtype=bf16)))
+    with pytest.raises(moekit.Error, match="combine: argument 'y_rows': must be contiguous"):
+        moekit.combine(to_dlpack(torch.zeros(H, 8, dtype=bf16).t()), 2, to_dlpack(torch.zeros(4, H, dtype=bf16)))
+    with pytest.raises(moekit.Error, match="argument 'y_rows': expected dtype bf16, f32 or i32 .*got float16"):
+        moekit.combine(to_dlpack(y_rows.half()), 2, None)
+    with pytest.raises(moekit.Error, match="argument 'y_rows': expected a CUDA"):  # requires_grad is no obstacle
+        moekit.combine(to_dlpack(torch.zeros(8, H, requires_grad=True)), 2, None)
