@@ -3,6 +3,7 @@
 
 #include "align/align.cuh"
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "common/validate.hpp"
 
 namespace moekit {
@@ -41,8 +42,7 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
   (void)raised;
   const size_t smem = kernels::align::smem_bytes(p.experts);
   nvtxRangePushA("moekit.align");
-  kernels::align::align_kernel<<<1, kernels::align::kThreads, smem, stream>>>(p);
-  MK_LAUNCH_CHECK("align_kernel");
+  detail::launch_pdl("align_kernel", kernels::align::align_kernel, dim3(1), dim3(kernels::align::kThreads), smem, stream, p);
   nvtxRangePop();
 }
 

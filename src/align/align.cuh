@@ -34,6 +34,7 @@ constexpr int kThreads = 32 * kWarps;
 inline size_t smem_bytes(int experts) { return size_t(kWarps * experts + experts + 1) * 4; }
 
 __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
+  dev::pdl_enter();
   extern __shared__ int32_t smem[];
   int32_t* s_counts = smem;                         // [kWarps][E]
   int32_t* s_start = smem + kWarps * p.experts;     // [E + 1]

@@ -3,6 +3,7 @@
 
 #include "combine/combine.cuh"
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "common/validate.hpp"
 
 namespace moekit {
@@ -19,8 +20,9 @@ void combine(const Tensor& y_rows, int64_t topk, const Tensor& y, cudaStream_t s
   kernels::combine::Params p{y_rows.as<const __nv_bfloat16>(), y.as<__nv_bfloat16>(), T, H, int(topk)};
   const int64_t vecs = T * (H / 8);
   nvtxRangePushA("moekit.combine");
-  kernels::combine::combine_kernel<<<unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads), kernels::combine::kThreads, 0, stream>>>(p);
-  MK_LAUNCH_CHECK("combine_kernel");
+  detail::launch_pdl("combine_kernel", kernels::combine::combine_kernel,
+                     dim3(unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads)),
+                     dim3(kernels::combine::kThreads), 0, stream, p);
   nvtxRangePop();
 }
 
@@ -38,9 +40,9 @@ void combine_partials(const Tensor& y_partials, int64_t topk, const Tensor& y, c
   kernels::combine::PartialParams p{y_partials.as<const float>(), y.as<__nv_bfloat16>(), T, H, int(topk), int(S)};
   const int64_t vecs = T * (H / 8);
   nvtxRangePushA("moekit.combine");
-  kernels::combine::combine_partials_kernel<<<unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads),
-                                              kernels::combine::kThreads, 0, stream>>>(p);
-  MK_LAUNCH_CHECK("combine_partials_kernel");
+  detail::launch_pdl("combine_partials_kernel", kernels::combine::combine_partials_kernel,
+                     dim3(unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads)),
+                     dim3(kernels::combine::kThreads), 0, stream, p);
   nvtxRangePop();
 }
 

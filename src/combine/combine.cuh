@@ -29,6 +29,7 @@ struct PartialParams {
 };
 
 __global__ void __launch_bounds__(kThreads) combine_partials_kernel(PartialParams p) {
+  dev::pdl_enter();
   const int64_t vecs_per_row = p.hidden / 8;
   const int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (v >= p.tokens * vecs_per_row) return;
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(kThreads) combine_partials_kernel(PartialParam
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(Params p) {
+  dev::pdl_enter();
   const int64_t vecs_per_row = p.hidden / 8;
   const int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (v >= p.tokens * vecs_per_row) return;

@@ -29,4 +29,17 @@ __device__ __forceinline__ float bf16_hi(uint32_t packed) { return __uint_as_flo
 
 __device__ __forceinline__ int lane_id() { return int(threadIdx.x & 31); }
 
+// Programmatic dependent launch (common/launch.hpp): every kernel calls pdl_wait() before it
+// reads a predecessor's output (a no-op when launched without PDL), then pdl_trigger() so the
+// next kernel may be scheduled; its own pdl_wait() still waits for this grid to finish.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+// The two at a kernel's entry: nothing a moekit kernel does before its first read is worth
+// hoisting above the wait, and triggering at once lets the next grid queue behind this one.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_trigger();
+}
+
 }  // namespace moekit::dev

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "common/validate.hpp"
 #include "gemm/configs.hpp"
 #include "gemm/expert_gemm.cuh"
@@ -33,8 +34,7 @@ void launch_instance(kernels::gemm::Params p, int64_t max_blocks, cudaStream_t s
   const int64_t k_tiles = (p.k_dim + BK - 1) / BK;
   p.k_tiles_per_split = (k_tiles + p.k_splits - 1) / p.k_splits;
   const int64_t grid = std::max<int64_t>(1, std::min(resident_ctas, max_blocks * p.n_tiles * p.k_splits));
-  kernel<<<unsigned(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-  MK_LAUNCH_CHECK("expert_gemm_kernel");
+  detail::launch_pdl("expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p);
 }
 
 template <kernels::gemm::Mode M>

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "common/canon.hpp"
+#include "common/device.cuh"
 
 namespace moekit::kernels::gemm {
 
@@ -263,6 +264,7 @@ constexpr int64_t kGroupBlocks = 8;
 template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
 __global__ void __launch_bounds__(Tile<BM, BN, BK, WM, WN, STAGES>::kThreads, 1)
 expert_gemm_kernel(const Params p) {
+  dev::pdl_enter();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int64_t blocks = *p.num_rows_padded / BM;
   const int64_t tiles = blocks * p.n_tiles;

@@ -81,7 +81,7 @@ struct Smem {
 // ---- producer warpgroup -------------------------------------------------------------------------
 template <Mode M, class Cfg>
 __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_map, const Smem<Cfg>& sm,
-                                        int64_t items, int64_t blocks, int64_t k_tiles) {
+                                        int32_t items, int32_t blocks, int32_t k_tiles) {
   constexpr int kChunksPerRow = kRowBytes / 16;                           // 8
   constexpr int kRowsPerPass = kProducerThreads / kChunksPerRow;          // 16
   constexpr int kPasses = kBlockM / kRowsPerPass;                         // 8
@@ -92,29 +92,30 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
   const bool tma_thread = t == 0;
 
   uint32_t it = 0;  // k-iterations so far: stage it % STAGES, phase (it / STAGES) & 1
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const TileCoord tile = item_to_tile(item, blocks, p.n_tiles);
-    const int64_t row0 = tile.block * kBlockM;
+  for (int32_t item = int32_t(blockIdx.x); item < items; item += int32_t(gridDim.x)) {
+    const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
+    const int32_t row0 = tile.block * kBlockM;
     const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
-    const int32_t b_row = int32_t(tile.n_tile * Cfg::template cols_per_tile<M>());
+    const int32_t b_row = tile.n_tile * Cfg::template cols_per_tile<M>();
 
     // This thread's 8 source rows for the whole K loop (64-bit offsets: ids·H overflows 32 bits).
     const __nv_bfloat16* src[kPasses];
     uint32_t row_ok = 0;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
-      const int64_t r = row0 + row_in_pass + i * kRowsPerPass;
-      const int64_t id = p.sorted_ids[r];
+      const int32_t r = row0 + row_in_pass + i * kRowsPerPass;
+      const int32_t id = p.sorted_ids[r];
       const bool ok = id < p.num_assign;
-      const int64_t src_row = M == Mode::Up ? (ok ? id / p.topk : 0) : r;
-      src[i] = p.a + src_row * p.k_dim + chunk * 8;
+      // ids are non-negative int32: 32-bit division (a 64-bit one is a register-hungry call)
+      const int32_t src_row = M == Mode::Up ? (ok ? int32_t(uint32_t(id) / uint32_t(p.topk)) : 0) : r;
+      src[i] = p.a + int64_t(src_row) * p.k_dim + chunk * 8;
       row_ok |= uint32_t(ok) << i;
     }
 
-    for (int64_t kt = 0; kt < k_tiles; ++kt, ++it) {
+    for (int32_t kt = 0; kt < k_tiles; ++kt, ++it) {
       const uint32_t stage = it % Cfg::kStages, phase = (it / Cfg::kStages) & 1;
       ptx::mbar_wait(sm.empty(stage), phase ^ 1);  // the consumers released this stage
-      const int32_t k0 = int32_t(kt * kBlockK);
+      const int32_t k0 = kt * kBlockK;
       if (tma_thread) {
         // B box: (k0.., b_row.., half 0.., expert); rows past n_dim and K past k_dim read zeros.
         ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes);
@@ -138,9 +139,9 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
 // acc = A[64 rows of this warpgroup] · B[BN]ᵀ over the whole K of one tile.
 template <class Cfg>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
-                                         uint64_t desc_b0, int64_t k_tiles, uint32_t& it, int lane) {
+                                         uint64_t desc_b0, int32_t k_tiles, uint32_t& it, int lane) {
   uint32_t prev_stage = 0;
-  for (int64_t kt = 0; kt < k_tiles; ++kt, ++it) {
+  for (int32_t kt = 0; kt < k_tiles; ++kt, ++it) {
     const uint32_t stage = it % Cfg::kStages, phase = (it / Cfg::kStages) & 1;
     ptx::mbar_wait(sm.full(stage), phase);
     // The A rows landed through cp.async (generic proxy); wgmma reads them through the async proxy.
@@ -181,7 +182,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // time are transposed across the lane quad so each lane stores 8 consecutive columns (16 bytes).
 template <Mode M, class Cfg>
 __device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
-                                           float weight, int64_t out_row, int64_t n0, int lane) {
+                                           float weight, int32_t out_row, int32_t n0, int lane) {
   constexpr int kOutBlocks = Cfg::template cols_per_tile<M>() / 8;  // n8 blocks of output columns
   constexpr int kUpBlock0 = Cfg::kBlockN / 16;                      // Up: first n8 block of "up"
   const bool row_ok = id < p.num_assign;
@@ -201,15 +202,15 @@ __device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[C
       }
     }
     quad_transpose(x, q, shfl);
-    const int64_t n = n0 + 8 * (4 * g + q);
-    if (row_ok && n < p.n_dim)
-      *reinterpret_cast<uint4*>(p.out + out_row * p.n_dim + n) = make_uint4(x[0], x[1], x[2], x[3]);
+    const int32_t n = n0 + 8 * (4 * g + q);
+    if (row_ok && n < p.n_dim)  // 64-bit row offset: a·H overflows 32 bits in large prefills
+      *reinterpret_cast<uint4*>(p.out + int64_t(out_row) * p.n_dim + n) = make_uint4(x[0], x[1], x[2], x[3]);
   }
 }
 
 template <Mode M, class Cfg>
-__device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, int64_t items, int64_t blocks,
-                                        int64_t k_tiles) {
+__device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, int32_t items, int32_t blocks,
+                                        int32_t k_tiles) {
   const int wg = int(threadIdx.x) / 128;  // consumer warpgroup 0 or 1
   const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
   const uint64_t desc_a0 = make_desc_k_sw128(sm.a(0) + uint32_t(wg * kWgmmaM * kRowBytes));
@@ -220,9 +221,9 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
 
   uint32_t it = 0;
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const TileCoord tile = item_to_tile(item, blocks, p.n_tiles);
-    const int64_t row0 = tile.block * kBlockM;
+  for (int32_t item = int32_t(blockIdx.x); item < items; item += int32_t(gridDim.x)) {
+    const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
+    const int32_t row0 = tile.block * kBlockM;
     // This thread's two output rows (acc_row for v%4 = 0 and 2), read before the K loop hides it.
     int32_t ids[2];
     float weights[2] = {0.0f, 0.0f};
@@ -235,25 +236,37 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
 
     mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, it, lane);
 
-    const int64_t n0 = tile.n_tile * Cfg::template cols_per_tile<M>();
+    const int32_t n0 = tile.n_tile * Cfg::template cols_per_tile<M>();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // Up: act in sorted order (row r); Down: y_rows at the assignment a = sorted_ids[r].
-      const int64_t out_row = M == Mode::Up ? row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h) : int64_t(ids[h]);
+      const int32_t out_row = M == Mode::Up ? row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h) : ids[h];
       store_rows<M, Cfg>(p, acc, h, ids[h], weights[h], out_row, n0, lane);
     }
   }
 }
 
 // ---- the kernel ----------------------------------------------------------------------------------
+// Work of the whole grid: (used blocks) x (column tiles), the block count read on the device.
+struct Work {
+  int32_t items, blocks, k_tiles;  // 32-bit: see item_to_tile
+};
+__device__ __forceinline__ Work read_work(const Params& p) {
+  const int32_t blocks = *p.num_rows_padded / kBlockM;
+  return {blocks * int32_t(p.n_tiles), blocks, int32_t((p.k_dim + kBlockK - 1) / kBlockK)};
+}
+template <class Cfg>
+__device__ __forceinline__ Smem<Cfg> smem_layout(const unsigned char* smem_raw) {
+  return {(ptx::smem_u32(smem_raw) + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1)};
+}
+
 template <Mode M, int BN, int STAGES>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_expert_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap b_map) {
   using Cfg = Config<BN, STAGES>;
   extern __shared__ unsigned char smem_raw[];
-  const Smem<Cfg> sm{(ptx::smem_u32(smem_raw) + kSwizzleAtomBytes - 1) & ~uint32_t(kSwizzleAtomBytes - 1)};
-
   if (threadIdx.x == 0) {
+    const Smem<Cfg> sm = smem_layout<Cfg>(smem_raw);
     for (uint32_t s = 0; s < STAGES; ++s) {
       ptx::mbar_init(sm.full(s), Cfg::kFullArrivals);
       ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
@@ -263,15 +276,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == kConsumerThreads) ptx::tma_prefetch_desc(&b_map);
   __syncthreads();
 
-  const int64_t blocks = *p.num_rows_padded / kBlockM;
-  const int64_t items = blocks * p.n_tiles;
-  const int64_t k_tiles = (p.k_dim + kBlockK - 1) / kBlockK;
+  // NOTES: nothing stays live across setmaxnreg (a value held in a register the producer gives
+  // up would be spilled): each role derives its state from the parameters after the switch.
   if (threadIdx.x >= kConsumerThreads) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    produce<M, Cfg>(p, &b_map, sm, items, blocks, k_tiles);
+    const Work w = read_work(p);
+    produce<M, Cfg>(p, &b_map, smem_layout<Cfg>(smem_raw), w.items, w.blocks, w.k_tiles);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    consume<M, Cfg>(p, sm, items, blocks, k_tiles);
+    const Work w = read_work(p);
+    consume<M, Cfg>(p, smem_layout<Cfg>(smem_raw), w.items, w.blocks, w.k_tiles);
   }
 }
 

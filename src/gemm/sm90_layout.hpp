@@ -94,15 +94,17 @@ MK_HD void quad_transpose(uint32_t (&x)[4], int q, ShflXor&& shfl_xor) {
 // Work item -> (block, column tile), identical to the mma.sync kernel's order (expert_gemm.cuh):
 // groups of kGroupBlocks blocks, column tiles outermost inside a group, so the CTAs running at once
 // share a few experts' B tiles and a few blocks' A rows in L2.
-inline constexpr int64_t kGroupBlocks = 8;
+inline constexpr int kGroupBlocks = 8;
 struct TileCoord {
-  int64_t block, n_tile;
+  int32_t block, n_tile;
 };
-MK_HD constexpr TileCoord item_to_tile(int64_t item, int64_t blocks, int64_t n_tiles) {
-  const int64_t group = item / (kGroupBlocks * n_tiles);
-  const int64_t first = group * kGroupBlocks;
-  const int64_t in_group = blocks - first < kGroupBlocks ? blocks - first : kGroupBlocks;
-  const int64_t j = item - group * kGroupBlocks * n_tiles;
+// 32-bit on purpose: items = blocks · n_tiles stays far below 2^31 (blocks <= rows / 128 with rows
+// indexed by int32 sorted_ids), and 64-bit division would cost the producer's few registers.
+MK_HD constexpr TileCoord item_to_tile(int32_t item, int32_t blocks, int32_t n_tiles) {
+  const int32_t group = item / (kGroupBlocks * n_tiles);
+  const int32_t first = group * kGroupBlocks;
+  const int32_t in_group = blocks - first < kGroupBlocks ? blocks - first : kGroupBlocks;
+  const int32_t j = item - group * kGroupBlocks * n_tiles;
   return {first + j % in_group, j / in_group};
 }
 

@@ -3,6 +3,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "common/validate.hpp"
 #include "router/router.cuh"
 
@@ -14,12 +15,11 @@ void launch(const kernels::router::Params& p, DType w_dtype, cudaStream_t stream
   const dim3 grid(unsigned((p.tokens + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock));
   const dim3 block(32 * kernels::router::kWarpsPerBlock);
   if (p.logits != nullptr)
-    kernels::router::router_kernel<EPL, void><<<grid, block, 0, stream>>>(p);
+    detail::launch_pdl("router_kernel", kernels::router::router_kernel<EPL, void>, grid, block, 0, stream, p);
   else if (w_dtype == DType::bf16)
-    kernels::router::router_kernel<EPL, __nv_bfloat16><<<grid, block, 0, stream>>>(p);
+    detail::launch_pdl("router_kernel", kernels::router::router_kernel<EPL, __nv_bfloat16>, grid, block, 0, stream, p);
   else
-    kernels::router::router_kernel<EPL, float><<<grid, block, 0, stream>>>(p);
-  MK_LAUNCH_CHECK("router_kernel");
+    detail::launch_pdl("router_kernel", kernels::router::router_kernel<EPL, float>, grid, block, 0, stream, p);
 }
 }  // namespace
 
@@ -88,11 +88,12 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
     // Token tiles on x (up to 2^31 - 1), expert groups on y (E/4 <= 128).
     const dim3 grid(unsigned((T + kernels::router::kLogitTokens - 1) / kernels::router::kLogitTokens),
                     unsigned((E + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock));
+    const dim3 block(32 * kernels::router::kWarpsPerBlock);
+    float* out = logits_scratch.as<float>();
     if (w_gate.dtype == DType::bf16)
-      kernels::router::logits_kernel<__nv_bfloat16><<<grid, 32 * kernels::router::kWarpsPerBlock, 0, stream>>>(p, logits_scratch.as<float>());
+      detail::launch_pdl("logits_kernel", kernels::router::logits_kernel<__nv_bfloat16>, grid, block, 0, stream, p, out);
     else
-      kernels::router::logits_kernel<float><<<grid, 32 * kernels::router::kWarpsPerBlock, 0, stream>>>(p, logits_scratch.as<float>());
-    MK_LAUNCH_CHECK("logits_kernel");
+      detail::launch_pdl("logits_kernel", kernels::router::logits_kernel<float>, grid, block, 0, stream, p, out);
     p.logits = logits_scratch.as<const float>();
   }
   if (E <= 32) launch<1>(p, w_gate.dtype, stream);

@@ -88,6 +88,7 @@ constexpr int kLogitTokens = 8;
 
 template <class WT>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) logits_kernel(Params p, float* logits) {
+  dev::pdl_enter();
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
   const int e = int(blockIdx.y) * kWarpsPerBlock + warp;
   if (e >= p.experts) return;
@@ -133,6 +134,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) logits_kernel(Params p, f
 // WT: w_gate's element type when the kernel computes the logits itself; void when they are given.
 template <int EPL, class WT>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
+  dev::pdl_enter();
   __shared__ float s_choice[kWarpsPerBlock][32 * EPL];
   __shared__ float s_weight[kWarpsPerBlock][16];
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();

@@ -1,0 +1,150 @@
+// sm90_expert_gemm.cu — launcher of the Hopper (wgmma + TMA) prefill expert GEMM: checks the
+// preconditions the kernel relies on, encodes the weights' TMA descriptor (4-D view, 128-byte
+// swizzle), sizes the persistent grid from the device and launches.
+//
+// The TMA descriptor is encoded per call (it holds the weight pointer) by cuTensorMapEncodeTiled,
+// a pure host function reached through the runtime's driver entry point (no libcuda link), and
+// passed by value as a __grid_constant__ parameter: graph capture records it like any argument.
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "common/validate.hpp"
+#include "gemm/sm90_expert_gemm.cuh"
+#include "gemm/sm90_expert_gemm.hpp"
+
+namespace moekit::detail {
+
+namespace {
+
+namespace sm90 = kernels::sm90;
+using kernels::gemm::Mode;
+using kernels::gemm::Params;
+
+static_assert(kSm90BlockM == sm90::kBlockM, "the host header and the kernel must agree on block_m");
+
+// The compiled (block_n, stages) pairs: shared memory ~193 KB each (4 x 48 KB, 6 x 32 KB stages).
+#define MK_SM90_CONFIGS(X) \
+  X(256, 4)                \
+  X(128, 6)
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    MK_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || f == nullptr)
+      throw CudaError("sm90 expert GEMM: the driver has no cuTensorMapEncodeTiled (needs CUDA 12.0+ driver)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The weights as a 4-D tensor (K innermost): Up w13 [E][2][F][H] viewed as (H, F, 2, E), so one
+// box of (64, BN/2, 2, 1) brings BN/2 gate rows and the same BN/2 up rows, gate first; Down w2
+// [E][H][F] as (F, H, 1, E) with boxes (64, BN, 1, 1). Rows past F (or H) and K past k_dim are
+// outside the tensor: TMA fills them with zeros instead of reading the next expert.
+CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n) {
+  const int64_t halves = mode == Mode::Up ? 2 : 1;
+  const cuuint64_t dims[4] = {cuuint64_t(p.k_dim), cuuint64_t(p.n_dim), cuuint64_t(halves), cuuint64_t(experts)};
+  const cuuint64_t row_bytes = cuuint64_t(p.k_dim) * 2;
+  const cuuint64_t strides[3] = {row_bytes, row_bytes * cuuint64_t(p.n_dim),
+                                 cuuint64_t(p.b_expert_stride) * 2};  // bytes of dims 1..3
+  const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), cuuint32_t(block_n / halves), cuuint32_t(halves), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map{};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(p.b),
+                                          dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw CudaError("sm90 expert GEMM: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) +
+                    " (dims " + std::to_string(p.k_dim) + "x" + std::to_string(p.n_dim) + "x" +
+                    std::to_string(halves) + "x" + std::to_string(experts) + ")");
+  return map;
+}
+
+template <Mode M, int BN, int ST>
+void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_blocks, cudaStream_t stream) {
+  using Cfg = sm90::Config<BN, ST>;
+  auto kernel = sm90::sm90_expert_gemm_kernel<M, BN, ST>;
+  // Once per instance: raise the shared-memory limit; one CTA per SM (the grid is persistent).
+  static const int64_t sms = [&] {
+    int device = 0, count = 0, optin = 0;
+    MK_CUDA_CHECK(cudaGetDevice(&device));
+    MK_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    MK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (int64_t(optin) < int64_t(Cfg::kSmemBytes))
+      throw CudaError("sm90 expert GEMM: needs " + std::to_string(Cfg::kSmemBytes) +
+                      " bytes of shared memory per block, the device allows " + std::to_string(optin));
+    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
+    return int64_t(count);
+  }();
+  Params p = p_in;
+  const int64_t cols = Cfg::template cols_per_tile<M>();
+  p.n_tiles = (p.n_dim + cols - 1) / cols;
+  const int64_t grid = std::max<int64_t>(1, std::min(sms, max_blocks * p.n_tiles));
+  kernel<<<unsigned(grid), sm90::kThreads, Cfg::kSmemBytes, stream>>>(p, b_map);
+  MK_LAUNCH_CHECK("sm90_expert_gemm_kernel");
+}
+
+void check(bool ok, const char* arg, const std::string& what) {
+  if (!ok) fail("sm90_expert_gemm", arg, what);
+}
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+const std::vector<int>& sm90_block_ns() {
+#define MK_SM90_BN(bn, st) bn,
+  static const std::vector<int> ns = {MK_SM90_CONFIGS(MK_SM90_BN)};
+#undef MK_SM90_BN
+  return ns;
+}
+
+void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan, cudaStream_t stream, int block_n) {
+  // The kernel's preconditions, each named (DESIGN "Rules": validate at the boundary).
+  check(plan.block_m == kSm90BlockM, "plan.block_m",
+        "must be " + std::to_string(kSm90BlockM) + " (the sm90 kernel's M tile), got " + std::to_string(plan.block_m));
+  check(p.k_dim > 0 && p.k_dim % 8 == 0 && p.k_dim < (int64_t(1) << 31), "p.k_dim",
+        "must be a positive multiple of 8 below 2^31 (16-byte rows), got " + std::to_string(p.k_dim));
+  check(p.n_dim > 0 && p.n_dim % 8 == 0 && p.n_dim < (int64_t(1) << 31), "p.n_dim",
+        "must be a positive multiple of 8 below 2^31 (16-byte stores), got " + std::to_string(p.n_dim));
+  check(plan.shape.experts > 0 && plan.shape.experts < (int64_t(1) << 31), "plan.shape.experts",
+        "must be in [1, 2^31), got " + std::to_string(plan.shape.experts));
+  const int64_t b_rows = mode == Mode::Up ? 2 * p.n_dim : p.n_dim;
+  check(p.b_expert_stride == b_rows * p.k_dim, "p.b_expert_stride",
+        "must be " + std::to_string(b_rows) + "·" + std::to_string(p.k_dim) + " (dense [E, rows, K] weights), got " +
+            std::to_string(p.b_expert_stride));
+  check(p.a != nullptr && aligned16(p.a), "p.a", "must be a non-null 16-byte aligned pointer");
+  check(p.b != nullptr && aligned16(p.b), "p.b", "must be a non-null 16-byte aligned pointer");
+  check(p.out != nullptr && aligned16(p.out), "p.out", "must be a non-null 16-byte aligned pointer");
+  check(p.sorted_ids && p.block_expert && p.num_rows_padded, "p.sorted_ids", "routing pointers must be given");
+  check(mode == Mode::Up || p.topk_weights != nullptr, "p.topk_weights", "must be given for the down GEMM");
+  check(p.topk > 0, "p.topk", "must be positive");
+  const auto& ns = sm90_block_ns();
+  check(std::find(ns.begin(), ns.end(), block_n) != ns.end(), "block_n",
+        "no compiled config has block_n " + std::to_string(block_n));
+  if (plan.max_blocks == 0) return;
+
+  const CUtensorMap b_map = make_b_map(mode, p, plan.shape.experts, block_n);
+  nvtxRangePushA(mode == Mode::Up ? "moekit.sm90_expert_up" : "moekit.sm90_expert_down");
+#define MK_SM90_DISPATCH(bn, st)                                                    \
+  if (block_n == bn) {                                                              \
+    if (mode == Mode::Up)                                                           \
+      launch_instance<Mode::Up, bn, st>(p, b_map, plan.max_blocks, stream);         \
+    else                                                                            \
+      launch_instance<Mode::Down, bn, st>(p, b_map, plan.max_blocks, stream);       \
+    nvtxRangePop();                                                                 \
+    return;                                                                         \
+  }
+  MK_SM90_CONFIGS(MK_SM90_DISPATCH)
+#undef MK_SM90_DISPATCH
+  nvtxRangePop();
+}
+
+}  // namespace moekit::detail
