@@ -5,7 +5,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import moekit  # noqa: E402
-import moekit.torch as mt  # noqa: E402
 
 from gpu_util import randn, small_layer  # noqa: E402
 
@@ -59,8 +58,9 @@ def test_binding_names_the_argument(w):
         call(6, y.cpu())
     with pytest.raises(moekit.Error, match="argument 'workspace': has 100 bytes; this plan needs"):
         call(7, ws[:100])
+    big = torch.empty(p.workspace_bytes + 256, dtype=torch.uint8, device="cuda")
     with pytest.raises(moekit.Error, match="argument 'workspace': must start on a 256-byte boundary"):
-        call(7, ws[16:])
+        call(7, big[16:])
     with pytest.raises(moekit.Error, match="route: argument 'scoring': expected 'softmax' or 'sigmoid'"):
         moekit.route(x, w["w_gate"], None, None, ids, wts, scoring="relu")
     with pytest.raises(ValueError, match="moekit::route: argument 'opt.topk_group'"):

@@ -1,0 +1,149 @@
+"""moekit._torch_util — what moekit.torch and moekit.stages share: DLPack hand-over, the
+current stream, cached plans, and argument validation that names the argument.
+
+Tensors cross into C++ as DLPack capsules (``torch.utils.dlpack.to_dlpack``), zero-copy.
+NOTES: not through ``Tensor.__dlpack__()``: called without a stream (as a DLPack consumer such
+as nanobind does) it makes the legacy default stream wait on the current one, which breaks CUDA
+graph capture, and it refuses tensors that require grad (parameters).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.dlpack import to_dlpack as _to_dlpack
+
+from . import _moekit as _C
+
+_SCORING = ("softmax", "sigmoid")
+
+
+# ---- plumbing -------------------------------------------------------------------------------
+
+def _dl(t: Optional[Tensor]):
+    return None if t is None else _to_dlpack(t)
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(tokens: int, hidden: int, inter: int, experts: int, topk: int, device_index: int) -> _C.Plan:
+    return _C.plan_forward(tokens, hidden, inter, experts, topk, device=device_index)
+
+
+def _cuda_index(fn: str, device) -> int:
+    """The index of a CUDA device (None: the current one); a clear error without a GPU."""
+    d = torch.device("cuda") if device is None else torch.device(device)
+    if d.type != "cuda":
+        _fail(fn, "device", f"expected a CUDA device, got {d}")
+    if not torch.cuda.is_available():
+        raise _C.CudaError(f"moekit.{fn}: no CUDA GPU is available to PyTorch; moekit's kernels need an "
+                           "NVIDIA Hopper GPU (sm_90a). moekit.plan_forward(..., device=moekit.DeviceInfo(...)) "
+                           "plans without one")
+    return torch.cuda.current_device() if d.index is None else d.index
+
+
+def plan(tokens: int, hidden: int, inter: int, experts: int, top_k: int, device=None) -> _C.Plan:
+    """The moekit.Plan of this shape on a CUDA device (None: the current one); cached."""
+    return _plan(tokens, hidden, inter, experts, top_k, _cuda_index("plan", device))
+
+
+def _workspace(p: _C.Plan, device: torch.device) -> Tensor:
+    return torch.empty(p.workspace_bytes, dtype=torch.uint8, device=device)
+
+
+# ---- validation (at the Python boundary: names the argument) --------------------------------
+
+def _fail(fn: str, arg: str, what: str):
+    raise _C.Error(f"moekit.{fn}: argument '{arg}': {what}")
+
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.int32: "int32"}
+
+
+def _check(fn: str, arg: str, t, dtypes: Sequence[torch.dtype], dims: Sequence[tuple],
+           device: Optional[torch.device] = None, device_arg: str = "x"):
+    """t must be a contiguous CUDA tensor of one of `dtypes` with shape `dims` ((name, size or
+    None) per dimension), on `device` when given."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"moekit.{fn}: argument '{arg}': expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(_DTYPE_NAMES.get(d, str(d)) for d in dtypes)
+        _fail(fn, arg, f"expected dtype {want}, got {str(t.dtype).replace('torch.', '')}")
+    ok = t.dim() == len(dims) and all(s is None or t.shape[i] == s for i, (_, s) in enumerate(dims))
+    if not ok:
+        names = ", ".join(n for n, _ in dims)
+        sizes = ", ".join("?" if s is None else str(s) for _, s in dims)
+        _fail(fn, arg, f"expected shape [{names}] = [{sizes}], got {list(t.shape)}")
+    if not t.is_contiguous():
+        _fail(fn, arg, f"must be contiguous (row-major), got strides {t.stride()} for shape "
+                       f"{list(t.shape)}; pass .contiguous()")
+    if t.device.type != "cuda":
+        _fail(fn, arg, f"expected a CUDA tensor, got one on {t.device}")
+    if device is not None and t.device != device:
+        _fail(fn, arg, f"is on {t.device} but '{device_arg}' is on {device}")
+
+
+def _forward_only(fn: str, **tensors):
+    """moekit has no backward yet: refuse inputs that need a gradient rather than fail in
+    backward (or, under torch.compile, while AOTAutograd traces the backward graph)."""
+    if torch.is_grad_enabled():
+        for arg, t in tensors.items():
+            if t is not None and t.requires_grad:
+                _fail(fn, arg, "requires grad, but moekit is forward-only (no backward yet): call it under "
+                               "torch.no_grad() / torch.inference_mode(), or pass a detached tensor")
+
+
+def _check_routing(fn: str, experts: int, top_k, scoring_func, num_expert_group, topk_group,
+                   routed_scaling_factor) -> tuple[int, int, int]:
+    if isinstance(top_k, bool) or not isinstance(top_k, int):
+        raise TypeError(f"moekit.{fn}: argument 'top_k': expected an int, got {type(top_k).__name__}")
+    if not 1 <= top_k <= min(_C.MAX_TOPK, experts):
+        _fail(fn, "top_k", f"must be in [1, min({_C.MAX_TOPK}, experts={experts})], got {top_k}")
+    if scoring_func not in _SCORING:
+        _fail(fn, "scoring_func", f"expected 'softmax' or 'sigmoid', got {scoring_func!r}")
+    if (num_expert_group is None) != (topk_group is None):
+        _fail(fn, "topk_group" if topk_group is None else "num_expert_group",
+              "grouped top-k needs both num_expert_group and topk_group (or neither)")
+    n_group = num_expert_group or 0
+    t_group = topk_group or 0
+    if num_expert_group is not None:
+        if not 1 <= n_group <= 32 or experts % n_group != 0:
+            _fail(fn, "num_expert_group", f"must divide experts={experts} into at most 32 equal groups, "
+                                          f"got {num_expert_group}")
+        if not 1 <= t_group <= n_group:
+            _fail(fn, "topk_group", f"must be in [1, num_expert_group={n_group}], got {topk_group}")
+        if t_group * (experts // n_group) < top_k:
+            _fail(fn, "topk_group", f"{t_group} groups of {experts // n_group} experts hold fewer than "
+                                    f"top_k={top_k}")
+    if not isinstance(routed_scaling_factor, (int, float)) or routed_scaling_factor != routed_scaling_factor:
+        _fail(fn, "routed_scaling_factor", f"expected a finite number, got {routed_scaling_factor!r}")
+    return top_k, n_group, t_group
+
+
+def _check_experts(fn: str, x, w13, w2) -> tuple[int, int, int, int]:
+    _check(fn, "x", x, (torch.bfloat16,), (("T", None), ("H", None)))
+    T, H = x.shape
+    _check(fn, "w13", w13, (torch.bfloat16,), (("E", None), ("2F", None), ("H", H)), x.device)
+    E, F2 = w13.shape[0], w13.shape[1]
+    if F2 % 2 != 0:
+        _fail(fn, "w13", f"expected shape [E, 2F, H] (gate rows then up rows), got an odd row count {F2}")
+    _check(fn, "w2", w2, (torch.bfloat16,), (("E", E), ("H", H), ("F", F2 // 2)), x.device)
+    return T, H, F2 // 2, E
+
+
+def _check_router(fn: str, T: int, H: int, E: int, x, router_logits, w_gate, bias):
+    if router_logits is None and w_gate is None:
+        _fail(fn, "router_logits", "give router_logits [T, E] (float32) or w_gate [E, H]")
+    if router_logits is not None and w_gate is not None:
+        _fail(fn, "w_gate", "give router_logits or w_gate, not both")
+    if router_logits is not None:
+        _check(fn, "router_logits", router_logits, (torch.float32,), (("T", T), ("E", E)), x.device)
+    if w_gate is not None:
+        _check(fn, "w_gate", w_gate, (torch.bfloat16, torch.float32), (("E", E), ("H", H)), x.device)
+    if bias is not None:
+        _check(fn, "e_score_correction_bias", bias, (torch.float32,), (("E", E),), x.device)

@@ -1,0 +1,241 @@
+"""moekit.hf — Hugging Face MoE weights in moekit's layout (needs PyTorch, not transformers).
+
+moekit's layout (DESIGN.md): w13 [E, 2F, H] — per expert the gate rows, then the up rows, K = H
+contiguous; w2 [E, H, F]; the router w_gate [E, H]. A Hugging Face expert is a SwiGLU MLP
+down(silu(gate(x)) * up(x)) of nn.Linear weights [out, in], so gate/up are [F, H] and down is
+[H, F]: packing stacks them, with no transpose.
+
+| model | MoE block | expert i: gate, up, down | router |
+| --- | --- | --- | --- |
+| Mixtral | block_sparse_moe | experts[i].w1, .w3, .w2 | gate.weight |
+| Qwen3-MoE | mlp | experts[i].gate_proj, .up_proj, .down_proj | gate.weight |
+| DeepSeek-V3 | mlp | experts[i].gate_proj, .up_proj, .down_proj | gate.weight, gate.e_score_correction_bias |
+
+Newer transformers keep the experts fused (experts.gate_up_proj [E, 2F, H], experts.down_proj
+[E, H, F]): already moekit's layout, taken as they are. DeepSeek-V3's shared experts are a dense
+MLP outside the routed experts: run them beside the MoE.
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from . import _moekit as _C
+
+__all__ = ["pack_experts", "pack_hf_moe", "pack_hf_state_dict", "routing_from_hf_config", "moe_from_hf",
+           "ARCH_DEFAULTS"]
+
+# Per-expert projection names: (gate, up, down).
+_EXPERT_NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))
+_BLOCK_NAMES = ("block_sparse_moe", "mlp")
+
+# Routing of each architecture's released models (DESIGN.md presets), used when no config is given.
+ARCH_DEFAULTS = {
+    "mixtral": dict(top_k=2, renormalize=True, scoring_func="softmax"),
+    "qwen3_moe": dict(top_k=8, renormalize=True, scoring_func="softmax"),
+    "deepseek_v3": dict(top_k=8, renormalize=True, scoring_func="sigmoid", num_expert_group=8, topk_group=4,
+                        routed_scaling_factor=2.5),
+}
+
+
+def _fail(fn: str, arg: str, what: str):
+    raise _C.Error(f"moekit.{fn}: argument '{arg}': {what}")
+
+
+def pack_experts(gate: Sequence[Tensor], up: Sequence[Tensor], down: Sequence[Tensor], *,
+                 dtype: torch.dtype = torch.bfloat16, device=None) -> tuple[Tensor, Tensor]:
+    """Stacks per-expert weights into (w13 [E, 2F, H], w2 [E, H, F]).
+
+    gate[e], up[e]: [F, H] (nn.Linear(H, F).weight); down[e]: [H, F] (nn.Linear(F, H).weight).
+    One copy per weight into preallocated outputs (no intermediate concatenation).
+    """
+    fn = "pack_experts"
+    E = len(gate)
+    if E == 0:
+        _fail(fn, "gate", "no experts given")
+    if len(up) != E:
+        _fail(fn, "up", f"expected {E} weights (one per expert, as 'gate'), got {len(up)}")
+    if len(down) != E:
+        _fail(fn, "down", f"expected {E} weights (one per expert, as 'gate'), got {len(down)}")
+    if gate[0].dim() != 2:
+        _fail(fn, "gate[0]", f"expected shape [F, H], got {list(gate[0].shape)}")
+    F, H = gate[0].shape
+    device = gate[0].device if device is None else torch.device(device)
+    w13 = torch.empty((E, 2 * F, H), dtype=dtype, device=device)
+    w2 = torch.empty((E, H, F), dtype=dtype, device=device)
+    with torch.no_grad():
+        for e in range(E):
+            for name, t, want in (("gate", gate[e], (F, H)), ("up", up[e], (F, H)), ("down", down[e], (H, F))):
+                if tuple(t.shape) != want:
+                    _fail(fn, f"{name}[{e}]", f"expected shape {list(want)}, got {list(t.shape)}")
+            w13[e, :F].copy_(gate[e])
+            w13[e, F:].copy_(up[e])
+            w2[e].copy_(down[e])
+    return w13, w2
+
+
+def _moe_block(layer: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    if hasattr(layer, "experts") and hasattr(layer, "gate"):
+        return layer, ""
+    for name in _BLOCK_NAMES:
+        block = getattr(layer, name, None)
+        if block is not None and hasattr(block, "experts") and hasattr(block, "gate"):
+            return block, name
+    _fail("pack_hf_moe", "layer", f"{type(layer).__name__} has no MoE block (.block_sparse_moe or .mlp with "
+                                  ".experts and .gate); a dense layer (DeepSeek-V3's first layers) has none")
+
+
+def _detect_arch(block: torch.nn.Module, block_name: str) -> str:
+    if getattr(block.gate, "e_score_correction_bias", None) is not None:
+        return "deepseek_v3"
+    cls = type(block).__name__.lower()
+    for arch, key in (("mixtral", "mixtral"), ("qwen3_moe", "qwen"), ("deepseek_v3", "deepseek")):
+        if key in cls:
+            return arch
+    experts = block.experts
+    first = experts[0] if isinstance(experts, torch.nn.ModuleList) and len(experts) > 0 else None
+    if block_name == "block_sparse_moe" or hasattr(first, "w1"):
+        return "mixtral"
+    return "qwen3_moe"
+
+
+def _packed(w_gate: Tensor, w13: Tensor, w2: Tensor, bias: Optional[Tensor], arch: str) -> dict:
+    return dict(w_gate=w_gate, w13=w13, w2=w2,
+                e_score_correction_bias=None if bias is None else bias.detach().to(torch.float32).contiguous(),
+                arch=arch)
+
+
+def _fused(fn: str, gate_up: Tensor, down: Tensor, H: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    # Non-transposed (HF's default for these models): gate_up [E, 2F, H], down [E, H, F].
+    if gate_up.dim() != 3 or down.dim() != 3:
+        _fail(fn, "experts.gate_up_proj", f"expected 3-D fused expert weights, got {list(gate_up.shape)} and "
+                                          f"{list(down.shape)}")
+    if gate_up.shape[2] != H:  # transposed storage: [E, H, 2F] and [E, F, H]
+        gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+    if gate_up.shape[2] != H or down.shape[1] != H or down.shape[2] * 2 != gate_up.shape[1]:
+        _fail(fn, "experts.gate_up_proj", f"shapes {list(gate_up.shape)} / {list(down.shape)} do not match "
+                                          f"hidden size {H}")
+    with torch.no_grad():
+        return (gate_up.detach().to(dtype).contiguous(), down.detach().to(dtype).contiguous())
+
+
+def pack_hf_moe(layer: torch.nn.Module, *, dtype: torch.dtype = torch.bfloat16, device=None) -> dict:
+    """Packs the MoE of a Hugging Face decoder layer (or the MoE block itself).
+
+    Returns dict(w_gate [E, H], w13 [E, 2F, H], w2 [E, H, F], e_score_correction_bias [E] float32
+    or None, arch "mixtral" | "qwen3_moe" | "deepseek_v3").
+    """
+    fn = "pack_hf_moe"
+    block, block_name = _moe_block(layer)
+    arch = _detect_arch(block, block_name)
+    w_gate = block.gate.weight.detach()
+    H = w_gate.shape[1]
+    bias = getattr(block.gate, "e_score_correction_bias", None)
+    experts = block.experts
+    if hasattr(experts, "gate_up_proj"):
+        w13, w2 = _fused(fn, experts.gate_up_proj, experts.down_proj, H, dtype)
+        if device is not None:
+            w13, w2 = w13.to(device), w2.to(device)
+    else:
+        names = next((n for n in _EXPERT_NAMES if hasattr(experts[0], n[0])), None)
+        if names is None:
+            _fail(fn, "layer", f"expert {type(experts[0]).__name__} has neither w1/w3/w2 nor "
+                               "gate_proj/up_proj/down_proj")
+        g, u, d = names
+        w13, w2 = pack_experts([getattr(m, g).weight for m in experts], [getattr(m, u).weight for m in experts],
+                               [getattr(m, d).weight for m in experts], dtype=dtype, device=device)
+    if device is not None:
+        w_gate = w_gate.to(device)
+        bias = None if bias is None else bias.to(device)
+    return _packed(w_gate.contiguous(), w13, w2, bias, arch)
+
+
+def pack_hf_state_dict(state_dict: Mapping[str, Tensor], prefix: str, *, dtype: torch.dtype = torch.bfloat16,
+                       device=None) -> dict:
+    """Packs one MoE block from a checkpoint's state dict, without building the HF model.
+
+    prefix: the block's key prefix, e.g. "model.layers.3.block_sparse_moe" (Mixtral) or
+    "model.layers.3.mlp" (Qwen3-MoE, DeepSeek-V3). Returns what pack_hf_moe returns.
+    """
+    fn = "pack_hf_state_dict"
+    p = prefix.rstrip(".") + "."
+    if p + "gate.weight" not in state_dict:
+        _fail(fn, "prefix", f"no key {p}gate.weight: not an MoE block")
+    w_gate = state_dict[p + "gate.weight"]
+    bias = state_dict.get(p + "gate.e_score_correction_bias")
+    H = w_gate.shape[1]
+    if p + "experts.gate_up_proj" in state_dict:
+        w13, w2 = _fused(fn, state_dict[p + "experts.gate_up_proj"], state_dict[p + "experts.down_proj"], H, dtype)
+        names = None
+    else:
+        pat = re.compile(re.escape(p) + r"experts\.(\d+)\.(\w+)\.weight$")
+        found: dict = {}
+        for key in state_dict:
+            m = pat.match(key)
+            if m:
+                found.setdefault(m.group(2), {})[int(m.group(1))] = state_dict[key]
+        names = next((n for n in _EXPERT_NAMES if all(k in found for k in n)), None)
+        if names is None:
+            _fail(fn, "prefix", f"no expert weights under {p}experts.<i>.(w1|gate_proj).weight")
+        E = len(found[names[0]])
+        if sorted(found[names[0]]) != list(range(E)):
+            _fail(fn, "state_dict", f"expert indices under {p}experts are not 0..{E - 1}")
+        w13, w2 = pack_experts(*[[found[n][e] for e in range(E)] for n in names], dtype=dtype, device=device)
+    if device is not None:
+        w_gate, w13, w2 = w_gate.to(device), w13.to(device), w2.to(device)
+        bias = None if bias is None else bias.to(device)
+    if bias is not None:
+        arch = "deepseek_v3"
+    elif names == _EXPERT_NAMES[0] or "block_sparse_moe" in prefix:
+        arch = "mixtral"
+    else:
+        arch = "qwen3_moe"
+    return _packed(w_gate.detach().contiguous(), w13, w2, bias, arch)
+
+
+def routing_from_hf_config(config, arch: Optional[str] = None) -> dict:
+    """fused_moe's routing arguments from a Hugging Face config (MixtralConfig,
+    Qwen3MoeConfig, DeepseekV3Config, or any object with the same attributes)."""
+    arch = arch or getattr(config, "model_type", None)
+    if arch not in ARCH_DEFAULTS:
+        _fail("routing_from_hf_config", "arch", f"expected one of {sorted(ARCH_DEFAULTS)}, got {arch!r}")
+    k = int(config.num_experts_per_tok)
+    if arch == "mixtral":
+        return dict(top_k=k, renormalize=True, scoring_func="softmax")
+    if arch == "qwen3_moe":
+        return dict(top_k=k, renormalize=bool(getattr(config, "norm_topk_prob", False)), scoring_func="softmax")
+    n_group = getattr(config, "n_group", None)
+    topk_group = getattr(config, "topk_group", None)
+    return dict(top_k=k, renormalize=bool(getattr(config, "norm_topk_prob", True)),
+                scoring_func=getattr(config, "scoring_func", "sigmoid"),
+                num_expert_group=None if not n_group else int(n_group),
+                topk_group=None if not n_group else int(topk_group),
+                routed_scaling_factor=float(getattr(config, "routed_scaling_factor", 1.0)))
+
+
+def moe_from_hf(layer: torch.nn.Module, config=None, arch: Optional[str] = None, *, device=None, **overrides):
+    """A moekit.torch.MoE holding the packed weights of a Hugging Face decoder layer's MoE.
+
+    Routing comes from `config` (the model's HF config) when given, else from ARCH_DEFAULTS for
+    the detected architecture; keyword overrides (top_k=..., ...) win over both.
+    """
+    from .torch import MoE
+
+    packed = pack_hf_moe(layer, device=device)
+    arch = arch or getattr(config, "model_type", None) or packed["arch"]
+    opts = routing_from_hf_config(config, arch) if config is not None else dict(ARCH_DEFAULTS[arch])
+    opts.update(overrides)
+    w_gate, w13, w2, bias = packed["w_gate"], packed["w13"], packed["w2"], packed["e_score_correction_bias"]
+    E, F2, H = w13.shape
+    gate_dtype = w_gate.dtype if w_gate.dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
+    top_k = opts.pop("top_k")
+    moe = MoE(H, F2 // 2, E, top_k, score_bias=bias is not None, gate_dtype=gate_dtype, device="meta", **opts)
+    moe.w_gate = torch.nn.Parameter(w_gate.to(gate_dtype), requires_grad=False)
+    moe.w13 = torch.nn.Parameter(w13, requires_grad=False)
+    moe.w2 = torch.nn.Parameter(w2, requires_grad=False)
+    if bias is not None:
+        moe.e_score_correction_bias = bias
+    return moe

@@ -1,0 +1,39 @@
+"""moekit.presets — the model shapes of DESIGN.md and their routing, shared by the benchmark and
+the tests (plain data: no torch, no GPU)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Preset", "PRESETS"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    hidden: int  # H
+    inter: int  # F
+    experts: int  # E
+    top_k: int  # k
+    routing: dict = field(default_factory=dict)  # fused_moe's routing keyword arguments
+    score_bias: bool = False  # DeepSeek-V3's e_score_correction_bias
+
+    def flops(self, tokens: int) -> int:
+        """2·T·k·3·H·F: the two expert GEMMs (gate+up is 2·H·F per row, down H·F)."""
+        return 2 * tokens * self.top_k * 3 * self.hidden * self.inter
+
+    def expert_bytes(self) -> int:
+        """bf16 weight bytes of one expert: w13 (2·F·H) and w2 (H·F)."""
+        return 3 * self.hidden * self.inter * 2
+
+
+PRESETS = {
+    p.name: p
+    for p in (
+        Preset("mixtral-8x7b", 4096, 14336, 8, 2, dict(renormalize=True, scoring_func="softmax")),
+        Preset("qwen3-30b-a3b", 2048, 768, 128, 8, dict(renormalize=True, scoring_func="softmax")),
+        Preset("deepseek-v3", 7168, 2048, 256, 8,
+               dict(renormalize=True, scoring_func="sigmoid", num_expert_group=8, topk_group=4,
+                    routed_scaling_factor=2.5),
+               score_bias=True),
+    )
+}

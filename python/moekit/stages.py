@@ -1,0 +1,86 @@
+"""moekit.stages — the forward pass one stage at a time on torch tensors, in a caller-held
+workspace: route (moekit.torch.route) -> align -> expert_up -> expert_down -> combine(ws).
+Eager calls into the binding on the current stream; no host sync, and no allocation but
+combine's output (from torch's allocator), so a sequence of them captures in a CUDA graph.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _moekit as _C
+from ._torch_util import _check, _cuda_index, _dl, _fail, _plan, _stream, _workspace
+
+__all__ = ["Workspace", "align", "expert_up", "expert_down", "combine"]
+
+
+class Workspace:
+    """A plan and its workspace buffer, for running the stages one by one (align, expert_up,
+    expert_down, combine). view(name) gives the intermediate tensors: router_logits, topk_ids,
+    topk_weights, sorted_ids, block_expert, num_rows_padded, expert_counts, act, y_rows, status,
+    and y_partials when the plan splits the down GEMM (plan.down_splits > 1)."""
+
+    _DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32}
+
+    def __init__(self, tokens: int, hidden: int, inter: int, experts: int, top_k: int, device=None):
+        self.device = torch.device("cuda", _cuda_index("Workspace", device))
+        self.plan = _plan(tokens, hidden, inter, experts, top_k, self.device.index)
+        self.buffer = _workspace(self.plan, self.device)
+        self._layout = self.plan.workspace_layout()
+
+    def view(self, name: str) -> Tensor:
+        if name not in self._layout:
+            _fail("Workspace.view", "name", f"expected one of {sorted(self._layout)}, got {name!r}")
+        offset, dtype, shape = self._layout[name]
+        dt = self._DTYPES[dtype]
+        nbytes = dt.itemsize
+        for s in shape:
+            nbytes *= s
+        return self.buffer[offset:offset + nbytes].view(dt).view(shape)
+
+    def check_status(self):
+        """Synchronises the stream; raises moekit.Error if a kernel flagged an expert id outside [0, E)."""
+        _C.check_status(self.plan, _dl(self.buffer), stream=_stream(self.device))
+
+
+def align(ws: Workspace, topk_ids: Tensor) -> None:
+    """Stage 2: the expert-sorted, block_m-padded order of topk_ids [T, k] int32, into ws."""
+    _check("align", "topk_ids", topk_ids, (torch.int32,), (("T", ws.plan.tokens), ("k", ws.plan.topk)), ws.device,
+           "ws")
+    _C.align(ws.plan, _dl(topk_ids), _dl(ws.buffer), stream=_stream(ws.device))
+
+
+def expert_up(ws: Workspace, x: Tensor, w13: Tensor) -> None:
+    """Stage 3: ws.view("act") = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) per sorted row."""
+    p = ws.plan
+    _check("expert_up", "x", x, (torch.bfloat16,), (("T", p.tokens), ("H", p.hidden)), ws.device, "ws")
+    _check("expert_up", "w13", w13, (torch.bfloat16,), (("E", p.experts), ("2F", 2 * p.inter), ("H", p.hidden)),
+           ws.device, "ws")
+    _C.expert_up(p, _dl(x), _dl(w13), _dl(ws.buffer), stream=_stream(ws.device))
+
+
+def expert_down(ws: Workspace, w2: Tensor, topk_weights: Tensor) -> None:
+    """Stage 4: ws.view("y_rows")[a] = topk_weights[a] · act·W2ᵀ."""
+    p = ws.plan
+    _check("expert_down", "w2", w2, (torch.bfloat16,), (("E", p.experts), ("H", p.hidden), ("F", p.inter)),
+           ws.device, "ws")
+    _check("expert_down", "topk_weights", topk_weights, (torch.float32,), (("T", p.tokens), ("k", p.topk)),
+           ws.device, "ws")
+    _C.expert_down(p, _dl(w2), _dl(topk_weights), _dl(ws.buffer), stream=_stream(ws.device))
+
+
+def combine(ws: Workspace, out: Optional[Tensor] = None) -> Tensor:
+    """Stage 5: y [T, H] bf16 from the down GEMM's rows — ws.view("y_rows"), or, when the plan
+    splits the down GEMM (plan.down_splits > 1), the FP32 partials ws.view("y_partials")."""
+    p = ws.plan
+    if out is None:
+        out = torch.empty((p.tokens, p.hidden), dtype=torch.bfloat16, device=ws.device)
+    else:
+        _check("combine", "out", out, (torch.bfloat16,), (("T", p.tokens), ("H", p.hidden)), ws.device, "ws")
+    if p.down_splits > 1:
+        _C.combine_partials(_dl(ws.view("y_partials")), p.topk, _dl(out), stream=_stream(ws.device))
+    else:
+        _C.combine(_dl(ws.view("y_rows")), p.topk, _dl(out), stream=_stream(ws.device))
+    return out

@@ -1,0 +1,349 @@
+// bindings.cpp — moekit._moekit: the public host API of include/moekit/moe.hpp for Python.
+//
+// Tensors arrive through DLPack (nb::ndarray): a torch/CuPy/JAX array or a DLPack capsule,
+// zero-copy. Every entry converts its arrays at the boundary (boundary.hpp: dtype, rank,
+// row-major contiguity, CUDA device, one device for all) and names the argument when one is wrong
+// (moekit::Error -> moekit.Error, a ValueError); the C++ entry then checks shapes and dtypes
+// against the plan as it does for C++ callers. Kernels are enqueued on the stream the caller
+// passes (an integer cudaStream_t; moekit.torch passes the current torch stream), with the GIL
+// released; nothing here allocates device memory or synchronises (check_status excepted).
+//
+// Build: `pip install .` (scikit-build-core; python/CMakeLists.txt).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "boundary.hpp"
+#include "moekit/moe.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace moekit::py {
+namespace {
+
+Scoring parse_scoring(const char* fn, const std::string& s) {
+  if (s == "softmax") return Scoring::softmax;
+  if (s == "sigmoid") return Scoring::sigmoid;
+  fail(fn, "scoring", "expected 'softmax' or 'sigmoid', got '" + s + "'");
+}
+
+RouterOptions router_options(const char* fn, const std::string& scoring, bool renormalize, int64_t n_group,
+                             int64_t topk_group, double routed_scaling_factor) {
+  RouterOptions o;
+  o.scoring = parse_scoring(fn, scoring);
+  o.renormalize = renormalize;
+  o.n_group = n_group;
+  o.topk_group = topk_group;
+  o.routed_scaling_factor = float(routed_scaling_factor);
+  return o;
+}
+
+// ---- devices --------------------------------------------------------------------------------
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it so later calls see a clean state
+    return 0;
+  }
+  return n;
+}
+
+[[noreturn]] void no_gpu(const char* fn) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  cudaGetLastError();
+  throw CudaError(std::string("moekit.") + fn + ": no CUDA GPU is available (" +
+                  (err == cudaSuccess ? std::string("0 devices") : std::string(cudaGetErrorString(err))) +
+                  "); moekit's kernels need an NVIDIA Hopper GPU (sm_90a). To plan without a GPU, pass "
+                  "device=moekit.DeviceInfo(...)");
+}
+
+// cudaGetDeviceProperties is slow (it reads every attribute): query each device once.
+const DeviceInfo& device_info(const char* fn, int device) {
+  static std::map<int, DeviceInfo> cache;
+  if (device < 0) {
+    if (device_count() == 0) no_gpu(fn);
+    if (cudaGetDevice(&device) != cudaSuccess) no_gpu(fn);
+  } else if (device >= device_count()) {
+    if (device_count() == 0) no_gpu(fn);
+    fail(fn, "device", "CUDA device " + std::to_string(device) + " does not exist (" +
+                           std::to_string(device_count()) + " visible)");
+  }
+  auto it = cache.find(device);
+  if (it == cache.end()) it = cache.emplace(device, query_device(device)).first;
+  return it->second;
+}
+
+ForwardPlan plan_forward_py(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t topk,
+                            nb::handle device) {
+  const MoeShape shape{tokens, hidden, inter, experts, topk};
+  if (nb::isinstance<DeviceInfo>(device)) return plan_forward(shape, nb::cast<const DeviceInfo&>(device));
+  int index = -1;
+  if (!device.is_none()) {
+    if (!nb::try_cast(device, index))
+      throw nb::type_error("moekit.plan_forward: argument 'device': expected None, a device index or a moekit.DeviceInfo");
+  }
+  return plan_forward(shape, device_info("plan_forward", index));
+}
+
+// Offsets (bytes), dtypes and shapes of the workspace's tensors, for views on the Python side.
+nb::dict workspace_layout(const ForwardPlan& plan) {
+  constexpr uintptr_t kBase = 256;  // any 256-byte aligned address: only offsets are returned
+  const Workspace ws = carve_workspace(plan, reinterpret_cast<void*>(kBase), workspace_bytes(plan));
+  nb::dict d;
+  auto add = [&](const char* name, const Tensor& t) {
+    std::vector<int64_t> shape(t.shape, t.shape + t.rank);
+    d[name] = nb::make_tuple(int64_t(reinterpret_cast<uintptr_t>(t.data) - kBase), dtype_name(t.dtype), shape);
+  };
+  add("router_logits", ws.router_logits);
+  add("topk_ids", ws.topk_ids);
+  add("topk_weights", ws.topk_weights);
+  add("sorted_ids", ws.sorted_ids);
+  add("block_expert", ws.block_expert);
+  add("num_rows_padded", ws.num_rows_padded);
+  add("expert_counts", ws.expert_counts);
+  add("act", ws.act);
+  add("y_rows", ws.y_rows);
+  if (ws.y_partials.given()) add("y_partials", ws.y_partials);
+  add("status", ws.status);
+  return d;
+}
+
+}  // namespace
+}  // namespace moekit::py
+
+NB_MODULE(_moekit, m) {
+  using namespace moekit;
+  using namespace moekit::py;
+  m.doc() = "moekit: the kernels of one Mixture-of-Experts layer for NVIDIA Hopper (sm_90a).";
+  m.attr("__version__") = MOEKIT_VERSION;
+  m.attr("MAX_EXPERTS") = kMaxExperts;
+  m.attr("MAX_TOPK") = kMaxTopk;
+
+  nb::exception<Error>(m, "Error", PyExc_ValueError);
+  nb::exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
+
+  m.def("device_count", &device_count, "Number of visible CUDA devices; 0 where there is no GPU or driver.");
+
+  nb::class_<DeviceInfo>(m, "DeviceInfo", "What the config chooser knows of a GPU (moekit.query_device()).")
+      .def("__init__",
+           [](DeviceInfo* d, std::string name, int sm_count, int cc_major, int cc_minor, int64_t smem_per_block_optin,
+              int64_t l2_bytes) {
+             new (d) DeviceInfo{std::move(name), sm_count, cc_major, cc_minor, smem_per_block_optin, l2_bytes};
+           },
+           nb::kw_only(), "name"_a = "", "sm_count"_a = 0, "cc_major"_a = 0, "cc_minor"_a = 0,
+           "smem_per_block_optin"_a = 0, "l2_bytes"_a = 0)
+      .def_rw("name", &DeviceInfo::name)
+      .def_rw("sm_count", &DeviceInfo::sm_count)
+      .def_rw("cc_major", &DeviceInfo::cc_major)
+      .def_rw("cc_minor", &DeviceInfo::cc_minor)
+      .def_rw("smem_per_block_optin", &DeviceInfo::smem_per_block_optin)
+      .def_rw("l2_bytes", &DeviceInfo::l2_bytes)
+      .def("__repr__", [](const DeviceInfo& d) {
+        return "moekit.DeviceInfo(name='" + d.name + "', sm_count=" + std::to_string(d.sm_count) + ", cc=" +
+               std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor) +
+               ", smem_per_block_optin=" + std::to_string(d.smem_per_block_optin) +
+               ", l2_bytes=" + std::to_string(d.l2_bytes) + ")";
+      });
+
+  m.def("query_device", [](int device) { return device_info("query_device", device); }, "device"_a = -1,
+        "Properties of a CUDA device (-1: the current one). Raises moekit.CudaError without a GPU.");
+
+  nb::class_<ForwardPlan>(m, "Plan", "The plan of one forward pass: tile configs and buffer sizes (plan_forward).")
+      .def_prop_ro("tokens", [](const ForwardPlan& p) { return p.shape.tokens; })
+      .def_prop_ro("hidden", [](const ForwardPlan& p) { return p.shape.hidden; })
+      .def_prop_ro("inter", [](const ForwardPlan& p) { return p.shape.inter; })
+      .def_prop_ro("experts", [](const ForwardPlan& p) { return p.shape.experts; })
+      .def_prop_ro("topk", [](const ForwardPlan& p) { return p.shape.topk; })
+      .def_ro("block_m", &ForwardPlan::block_m)
+      .def_ro("max_rows", &ForwardPlan::max_rows)
+      .def_ro("max_blocks", &ForwardPlan::max_blocks)
+      .def_ro("down_splits", &ForwardPlan::down_splits,
+              "split-K of the down GEMM: > 1 writes FP32 partials (combine_partials sums them)")
+      .def_prop_ro("up", [](const ForwardPlan& p) { return p.up.str(); })
+      .def_prop_ro("down", [](const ForwardPlan& p) { return p.down.str(); })
+      .def_prop_ro("workspace_bytes", [](const ForwardPlan& p) { return workspace_bytes(p); })
+      .def("workspace_layout", &workspace_layout,
+           "{name: (offset_bytes, dtype, shape)} of the tensors carved from the workspace.")
+      .def("str", &ForwardPlan::str)
+      .def("__str__", &ForwardPlan::str)
+      .def("__repr__", [](const ForwardPlan& p) { return "moekit.Plan(" + p.str() + ")"; });
+
+  m.def("plan_forward", &plan_forward_py, "tokens"_a, "hidden"_a, "inter"_a, "experts"_a, "topk"_a, nb::kw_only(),
+        "device"_a = nb::none(),
+        "Validates the shape and picks tile configs for it. device: None (the current GPU), a device index, "
+        "or a moekit.DeviceInfo (plans without a GPU).");
+
+  m.def("compiled_gemm_configs", [] {
+    std::vector<std::string> out;
+    for (const GemmConfig& c : compiled_gemm_configs()) out.push_back(c.str());
+    return out;
+  });
+
+  // ---- stages ---------------------------------------------------------------------------------
+  m.def(
+      "route",
+      [](nb::handle x, nb::handle w_gate, nb::handle router_logits, nb::handle score_bias, nb::handle topk_ids,
+         nb::handle topk_weights, const std::string& scoring, bool renormalize, int64_t n_group, int64_t topk_group,
+         double routed_scaling_factor, nb::handle logits_scratch, uintptr_t stream) {
+        Call c("route");
+        const Tensor tl = c.in_opt("router_logits", router_logits);
+        const Tensor tx = c.in_opt("x", x), tw = c.in_opt("w_gate", w_gate);
+        if (!tl.given() && (!tx.given() || !tw.given()))
+          fail("route", tx.given() ? "w_gate" : "x", "give router_logits [T, E], or x [T, H] and w_gate [E, H]");
+        const Tensor tb = c.in_opt("score_bias", score_bias);
+        const Tensor ids = c.out("topk_ids", topk_ids), wts = c.out("topk_weights", topk_weights);
+        const Tensor scratch = logits_scratch.is_none() ? Tensor() : c.out("logits_scratch", logits_scratch);
+        const RouterOptions o = router_options("route", scoring, renormalize, n_group, topk_group, routed_scaling_factor);
+        DeviceScope dev(c.device());
+        nb::gil_scoped_release nogil;
+        moekit::route(tx, tw, tl, tb, o, ids, wts, as_stream(stream), scratch);
+      },
+      "x"_a.none(), "w_gate"_a.none(), "router_logits"_a.none(), "score_bias"_a.none(), "topk_ids"_a.none(),
+      "topk_weights"_a.none(), nb::kw_only(), "scoring"_a = "softmax", "renormalize"_a = false, "n_group"_a = 0,
+      "topk_group"_a = 0, "routed_scaling_factor"_a = 1.0, "logits_scratch"_a.none() = nb::none(), "stream"_a = 0,
+      "Stage 1: writes topk_ids [T,k] i32 and topk_weights [T,k] f32 from router_logits [T,E] f32, or from "
+      "x [T,H] bf16 and w_gate [E,H] bf16/f32. logits_scratch [T,E] f32 (optional, w_gate path): the logits "
+      "are then computed by a kernel spread over many SMs first (faster for a large w_gate; same bits).");
+
+  m.def(
+      "align",
+      [](const ForwardPlan& plan, nb::handle topk_ids, nb::handle workspace, uintptr_t stream) {
+        Call c("align");
+        const Tensor ids = c.in("topk_ids", topk_ids);
+        void* base;
+        size_t bytes;
+        const Workspace ws = c.workspace(plan, workspace, &base, &bytes);
+        DeviceScope dev(c.device());
+        nb::gil_scoped_release nogil;
+        moekit::align(plan, ids, ws, as_stream(stream));
+      },
+      "plan"_a, "topk_ids"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
+      "Stage 2: the expert-sorted, block_m-padded order of the assignments, in the workspace.");
+
+  m.def(
+      "expert_up",
+      [](const ForwardPlan& plan, nb::handle x, nb::handle w13, nb::handle workspace, uintptr_t stream) {
+        Call c("expert_up");
+        const Tensor tx = c.in("x", x), tw = c.in("w13", w13);
+        void* base;
+        size_t bytes;
+        const Workspace ws = c.workspace(plan, workspace, &base, &bytes);
+        DeviceScope dev(c.device());
+        nb::gil_scoped_release nogil;
+        moekit::expert_up(plan, tx, tw, ws, as_stream(stream));
+      },
+      "plan"_a, "x"_a.none(), "w13"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
+      "Stage 3: act = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) per sorted row, in the workspace.");
+
+  m.def(
+      "expert_down",
+      [](const ForwardPlan& plan, nb::handle w2, nb::handle topk_weights, nb::handle workspace, uintptr_t stream) {
+        Call c("expert_down");
+        const Tensor tw = c.in("w2", w2), wts = c.in("topk_weights", topk_weights);
+        void* base;
+        size_t bytes;
+        const Workspace ws = c.workspace(plan, workspace, &base, &bytes);
+        DeviceScope dev(c.device());
+        nb::gil_scoped_release nogil;
+        moekit::expert_down(plan, tw, wts, ws, as_stream(stream));
+      },
+      "plan"_a, "w2"_a.none(), "topk_weights"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
+      "Stage 4: y_rows[a] = topk_weights[a] · act·W2ᵀ, in the workspace.");
+
+  m.def(
+      "combine",
+      [](nb::handle y_rows, int64_t topk, nb::handle y, uintptr_t stream) {
+        Call c("combine");
+        const Tensor rows = c.in("y_rows", y_rows), ty = c.out("y", y);
+        DeviceScope dev(c.device());
+        nb::gil_scoped_release nogil;
+        moekit::combine(rows, topk, ty, as_stream(stream));
+      },
+      "y_rows"_a.none(), "topk"_a, "y"_a.none(), nb::kw_only(), "stream"_a = 0,
+      "Stage 5: y[t] = Σ_j y_rows[t*k+j] in slot order (no atomics).");
+
+  m.def(
+      "combine_partials",
+      [](nb::handle y_partials, int64_t topk, nb::handle y, uintptr_t stream) {
+        Call c("combine_partials");
+        const Tensor parts = c.in("y_partials", y_partials), ty = c.out("y", y);
+        DeviceScope dev(c.device());
+        nb::gil_scoped_release nogil;
+        moekit::combine_partials(parts, topk, ty, as_stream(stream));
+      },
+      "y_partials"_a.none(), "topk"_a, "y"_a.none(), nb::kw_only(), "stream"_a = 0,
+      "Stage 5 after a split-K down GEMM (plan.down_splits > 1): y[t] = Σ_j Σ_s y_partials[s][t*k+j].");
+
+  m.def(
+      "moe_forward",
+      [](const ForwardPlan& plan, nb::handle x, nb::handle w_gate, nb::handle router_logits, nb::handle score_bias,
+         nb::handle w13, nb::handle w2, nb::handle y, nb::handle workspace, const std::string& scoring,
+         bool renormalize, int64_t n_group, int64_t topk_group, double routed_scaling_factor, uintptr_t stream) {
+        Call c("moe_forward");
+        MoeInputs in;
+        in.x = c.in("x", x);
+        in.router_logits = c.in_opt("router_logits", router_logits);
+        in.w_gate = c.in_opt("w_gate", w_gate);
+        in.score_bias = c.in_opt("score_bias", score_bias);
+        in.w13 = c.in("w13", w13);
+        in.w2 = c.in("w2", w2);
+        const Tensor ty = c.out("y", y);
+        void* base;
+        size_t bytes;
+        c.workspace(plan, workspace, &base, &bytes);
+        const RouterOptions o =
+            router_options("moe_forward", scoring, renormalize, n_group, topk_group, routed_scaling_factor);
+        DeviceScope dev(c.device());
+        nb::gil_scoped_release nogil;
+        moekit::moe_forward(plan, in, o, ty, base, bytes, as_stream(stream));
+      },
+      "plan"_a, "x"_a.none(), "w_gate"_a.none(), "router_logits"_a.none(), "score_bias"_a.none(), "w13"_a.none(), "w2"_a.none(), "y"_a.none(),
+      "workspace"_a.none(), nb::kw_only(), "scoring"_a = "softmax", "renormalize"_a = false, "n_group"_a = 0,
+      "topk_group"_a = 0, "routed_scaling_factor"_a = 1.0, "stream"_a = 0,
+      "The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16.");
+
+  m.def(
+      "experts_forward",
+      [](const ForwardPlan& plan, nb::handle x, nb::handle w13, nb::handle w2, nb::handle topk_ids,
+         nb::handle topk_weights, nb::handle y, nb::handle workspace, uintptr_t stream) {
+        Call c("experts_forward");
+        const Tensor tx = c.in("x", x), t13 = c.in("w13", w13), t2 = c.in("w2", w2);
+        const Tensor ids = c.in("topk_ids", topk_ids), wts = c.in("topk_weights", topk_weights);
+        const Tensor ty = c.out("y", y);
+        void* base;
+        size_t bytes;
+        c.workspace(plan, workspace, &base, &bytes);
+        DeviceScope dev(c.device());
+        nb::gil_scoped_release nogil;
+        moekit::experts_forward(plan, tx, t13, t2, ids, wts, ty, base, bytes, as_stream(stream));
+      },
+      "plan"_a, "x"_a.none(), "w13"_a.none(), "w2"_a.none(), "topk_ids"_a.none(), "topk_weights"_a.none(), "y"_a.none(), "workspace"_a.none(), nb::kw_only(),
+      "stream"_a = 0, "Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32).");
+
+  m.def(
+      "check_status",
+      [](const ForwardPlan& plan, nb::handle workspace, uintptr_t stream) {
+        Call c("check_status");
+        void* base;
+        size_t bytes;
+        const Workspace ws = c.workspace(plan, workspace, &base, &bytes);
+        DeviceScope dev(c.device());
+        nb::gil_scoped_release nogil;
+        moekit::check_status(ws, as_stream(stream));
+      },
+      "plan"_a, "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
+      "Synchronises the stream and raises moekit.Error if a kernel flagged bad input (an expert id outside "
+      "[0, E)). Not for hot loops.");
+}
