@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/cuda_check.hpp"
+#include "common/launch.hpp"
 #include "common/validate.hpp"
 #include "gemm/sm90_expert_gemm.cuh"
 #include "gemm/sm90_expert_gemm.hpp"
@@ -85,11 +86,11 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
     return int64_t(count);
   }();
   Params p = p_in;
-  const int64_t cols = Cfg::template cols_per_tile<M>();
+  const int64_t cols = Cfg::cols_per_tile(M == Mode::Up);
   p.n_tiles = (p.n_dim + cols - 1) / cols;
   const int64_t grid = std::max<int64_t>(1, std::min(sms, max_blocks * p.n_tiles));
-  kernel<<<unsigned(grid), sm90::kThreads, Cfg::kSmemBytes, stream>>>(p, b_map);
-  MK_LAUNCH_CHECK("sm90_expert_gemm_kernel");
+  launch_pdl("sm90_expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
+             b_map);
 }
 
 void check(bool ok, const char* arg, const std::string& what) {
@@ -126,9 +127,14 @@ void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan
   check(p.sorted_ids && p.block_expert && p.num_rows_padded, "p.sorted_ids", "routing pointers must be given");
   check(mode == Mode::Up || p.topk_weights != nullptr, "p.topk_weights", "must be given for the down GEMM");
   check(p.topk > 0, "p.topk", "must be positive");
+  check(p.k_splits <= 1 && p.partials == nullptr, "p.k_splits",
+        "split-K is not supported (a decode technique; this is the prefill kernel), got " + std::to_string(p.k_splits));
   const auto& ns = sm90_block_ns();
   check(std::find(ns.begin(), ns.end(), block_n) != ns.end(), "block_n",
         "no compiled config has block_n " + std::to_string(block_n));
+  check(plan.max_rows < (int64_t(1) << 31) && plan.max_blocks * ((p.n_dim + 63) / 64) < (int64_t(1) << 31), "plan",
+        "rows and work items must fit in 32 bits (the kernel schedules with int32), got max_rows " +
+            std::to_string(plan.max_rows));
   if (plan.max_blocks == 0) return;
 
   const CUtensorMap b_map = make_b_map(mode, p, plan.shape.experts, block_n);

@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "common/canon.hpp"
+#include "common/device.cuh"  // pdl_enter
 #include "gemm/expert_gemm.cuh"  // Mode, Params: the contract both expert GEMMs share
 #include "gemm/sm90_layout.hpp"
 #include "gemm/sm90_ptx.cuh"
@@ -35,37 +36,14 @@ namespace moekit::kernels::sm90 {
 using gemm::Mode;
 using gemm::Params;
 
-template <int BN, int STAGES>
-struct Config {
-  static constexpr int kBlockN = BN;
-  static constexpr int kStages = STAGES;
-  static constexpr int kAccs = BN / 2;  // m64nBN f32 accumulators per consumer thread
-  static constexpr uint32_t kABytes = kBlockM * kRowBytes;  // one stage of A: [128][64] bf16
-  static constexpr uint32_t kBBytes = BN * kRowBytes;       // one stage of B: [BN][64] bf16
-  static constexpr uint32_t kAOffset = 0;
-  static constexpr uint32_t kBOffset = kAOffset + STAGES * kABytes;
-  static constexpr uint32_t kBarOffset = kBOffset + STAGES * kBBytes;  // full[STAGES], empty[STAGES]
-  // +1024: the dynamic-smem base is only guaranteed 16-byte aligned; the kernel rounds it up.
-  static constexpr size_t kSmemBytes = kBarOffset + 2 * STAGES * 8 + kSwizzleAtomBytes;
-  // full: 128 cp.async arrivals (.noinc) + 1 arrive.expect_tx of the TMA thread.
-  static constexpr uint32_t kFullArrivals = kProducerThreads + 1;
-  // empty: lane 0 of every consumer warp, once its warpgroup's wgmma on the stage completed.
-  static constexpr uint32_t kEmptyArrivals = kConsumerThreads / 32;
-  // 128·56 + 256·224 = 64512 = the 384 × 168 registers the CTA is launched with.
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
-  template <Mode M>
-  static constexpr int cols_per_tile() { return M == Mode::Up ? BN / 2 : BN; }
-
-  static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
-  static_assert(BN % 64 == 0, "Up pairs BN/2 gate with BN/2 up columns in groups of 32 (quad transpose)");
-  static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
-  static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,
-                "every stage must start on a 1024-byte swizzle atom");
-  static_assert(kBlockM * kBlockK / 8 == kProducerThreads * 8, "A gather: 8 chunks of 16 B per producer thread");
-  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 168 * kThreads,
-                "setmaxnreg must stay within the registers the CTA was launched with");
-  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
+// Position in the ring of stages: both roles walk the same sequence of k-iterations, tile after
+// tile. The mbarrier phase parity flips each time the ring wraps.
+template <int STAGES>
+struct Pipe {
+  uint32_t stage = 0, phase = 0;
+  __device__ void advance() {
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+  }
 };
 
 // Shared-memory addresses of one CTA (shared window, 1024-byte aligned base).
@@ -91,12 +69,12 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
   const int chunk = t % kChunksPerRow, row_in_pass = t / kChunksPerRow;
   const bool tma_thread = t == 0;
 
-  uint32_t it = 0;  // k-iterations so far: stage it % STAGES, phase (it / STAGES) & 1
+  Pipe<Cfg::kStages> pipe;
   for (int32_t item = int32_t(blockIdx.x); item < items; item += int32_t(gridDim.x)) {
     const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
     const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
-    const int32_t b_row = tile.n_tile * Cfg::template cols_per_tile<M>();
+    const int32_t b_row = tile.n_tile * Cfg::cols_per_tile(M == Mode::Up);
 
     // This thread's 8 source rows for the whole K loop (64-bit offsets: ids·H overflows 32 bits).
     const __nv_bfloat16* src[kPasses];
@@ -112,9 +90,9 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       row_ok |= uint32_t(ok) << i;
     }
 
-    for (int32_t kt = 0; kt < k_tiles; ++kt, ++it) {
-      const uint32_t stage = it % Cfg::kStages, phase = (it / Cfg::kStages) & 1;
-      ptx::mbar_wait(sm.empty(stage), phase ^ 1);  // the consumers released this stage
+    for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
+      const uint32_t stage = pipe.stage;
+      ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);  // the consumers released this stage
       const int32_t k0 = kt * kBlockK;
       if (tma_thread) {
         // B box: (k0.., b_row.., half 0.., expert); rows past n_dim and K past k_dim read zeros.
@@ -139,11 +117,12 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
 // acc = A[64 rows of this warpgroup] · B[BN]ᵀ over the whole K of one tile.
 template <class Cfg>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
-                                         uint64_t desc_b0, int32_t k_tiles, uint32_t& it, int lane) {
+                                         uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane) {
   uint32_t prev_stage = 0;
-  for (int32_t kt = 0; kt < k_tiles; ++kt, ++it) {
-    const uint32_t stage = it % Cfg::kStages, phase = (it / Cfg::kStages) & 1;
-    ptx::mbar_wait(sm.full(stage), phase);
+  for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
+    const uint32_t stage = pipe.stage;
+    ptx::mbar_wait(sm.full(stage), pipe.phase);
+    __syncwarp();  // reconverge the lanes before the warpgroup-wide (.aligned) wgmma instructions
     // The A rows landed through cp.async (generic proxy); wgmma reads them through the async proxy.
     ptx::fence_proxy_async_smem();
     ptx::fence_operands(acc);
@@ -183,7 +162,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 template <Mode M, class Cfg>
 __device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                            float weight, int32_t out_row, int32_t n0, int lane) {
-  constexpr int kOutBlocks = Cfg::template cols_per_tile<M>() / 8;  // n8 blocks of output columns
+  constexpr int kOutBlocks = Cfg::cols_per_tile(M == Mode::Up) / 8;  // n8 blocks of output columns
   constexpr int kUpBlock0 = Cfg::kBlockN / 16;                      // Up: first n8 block of "up"
   const bool row_ok = id < p.num_assign;
   const int q = lane & 3;
@@ -193,7 +172,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[C
     uint32_t x[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int v = 4 * (4 * g + i) + 2 * h;  // accumulators of block 4g+i, this row half
+      const int v = epi_acc(g, i, h);          // accumulators of block 4g+i, this row half
       if constexpr (M == Mode::Up) {
         const int u = v + 4 * kUpBlock0;        // the same column of the up half
         x[i] = pack_bf16x2(canon::silu(acc[v]) * acc[u], canon::silu(acc[v + 1]) * acc[u + 1]);
@@ -202,7 +181,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[C
       }
     }
     quad_transpose(x, q, shfl);
-    const int32_t n = n0 + 8 * (4 * g + q);
+    const int32_t n = n0 + epi_store_col(g, q);
     if (row_ok && n < p.n_dim)  // 64-bit row offset: a·H overflows 32 bits in large prefills
       *reinterpret_cast<uint4*>(p.out + int64_t(out_row) * p.n_dim + n) = make_uint4(x[0], x[1], x[2], x[3]);
   }
@@ -220,7 +199,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
 #pragma unroll
   for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
 
-  uint32_t it = 0;
+  Pipe<Cfg::kStages> pipe;
   for (int32_t item = int32_t(blockIdx.x); item < items; item += int32_t(gridDim.x)) {
     const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
@@ -234,9 +213,9 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
         if (ids[h] < p.num_assign) weights[h] = p.topk_weights[ids[h]];
     }
 
-    mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, it, lane);
+    mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane);
 
-    const int32_t n0 = tile.n_tile * Cfg::template cols_per_tile<M>();
+    const int32_t n0 = tile.n_tile * Cfg::cols_per_tile(M == Mode::Up);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // Up: act in sorted order (row r); Down: y_rows at the assignment a = sorted_ids[r].
@@ -274,6 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::mbar_init_fence();
   }
   if (threadIdx.x == kConsumerThreads) ptx::tma_prefetch_desc(&b_map);
+  dev::pdl_enter();  // launched with PDL (common/launch.hpp): the routing and A come from predecessors
   __syncthreads();
 
   // NOTES: nothing stays live across setmaxnreg (a value held in a register the producer gives

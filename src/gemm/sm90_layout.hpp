@@ -7,6 +7,7 @@
 // transpose the epilogue uses to turn 4-byte fragments into 16-byte row stores.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/canon.hpp"  // MK_HD
@@ -25,6 +26,40 @@ inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 inline constexpr int kProducerThreads = 128;  // one warpgroup: A gather (cp.async) + B (TMA)
 inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
 static_assert(kRowBytes == 128, "the 128B swizzle needs rows of exactly 128 bytes");
+
+// The tile configuration of one compiled instance: BN columns of B per tile, STAGES-deep ring.
+template <int BN, int STAGES>
+struct Config {
+  static constexpr int kBlockN = BN;
+  static constexpr int kStages = STAGES;
+  static constexpr int kAccs = BN / 2;  // m64nBN f32 accumulators per consumer thread
+  static constexpr uint32_t kABytes = kBlockM * kRowBytes;  // one stage of A: [128][64] bf16
+  static constexpr uint32_t kBBytes = BN * kRowBytes;       // one stage of B: [BN][64] bf16
+  static constexpr uint32_t kAOffset = 0;
+  static constexpr uint32_t kBOffset = kAOffset + STAGES * kABytes;
+  static constexpr uint32_t kBarOffset = kBOffset + STAGES * kBBytes;  // full[STAGES], empty[STAGES]
+  // +1024: the dynamic-smem base is only guaranteed 16-byte aligned; the kernel rounds it up.
+  static constexpr size_t kSmemBytes = kBarOffset + 2 * STAGES * 8 + kSwizzleAtomBytes;
+  // full: 128 cp.async arrivals (.noinc) + 1 arrive.expect_tx of the TMA thread.
+  static constexpr uint32_t kFullArrivals = kProducerThreads + 1;
+  // empty: lane 0 of every consumer warp, once its warpgroup's wgmma on the stage completed.
+  static constexpr uint32_t kEmptyArrivals = kConsumerThreads / 32;
+  // 128·56 + 256·224 = 64512 = the 384 × 168 registers the CTA is launched with.
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  // Output columns per tile: Up pairs BN/2 gate with the same BN/2 up columns.
+  static constexpr int cols_per_tile(bool up) { return up ? BN / 2 : BN; }
+
+  static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
+  static_assert(BN % 64 == 0, "Up stores BN/2 columns in groups of 32 (the quad transpose)");
+  static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
+  static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,
+                "every stage must start on a 1024-byte swizzle atom");
+  static_assert(kBlockM * kBlockK / 8 == kProducerThreads * 8, "A gather: 8 chunks of 16 B per producer thread");
+  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 168 * kThreads,
+                "setmaxnreg must stay within the registers the CTA was launched with");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
+};
 
 // ---- 128-byte swizzle -----------------------------------------------------------------------------
 // PTX ISA / CUDA driver (CU_TENSOR_MAP_SWIZZLE_128B, wgmma layout type 1): inside each 1024-byte
@@ -69,26 +104,32 @@ MK_HD constexpr int acc_col(int lane, int v) { return 8 * (v >> 2) + 2 * (lane &
 // ---- the epilogue's quad transpose ---------------------------------------------------------------
 // Lane q (0..3 within a quad) holds x[i] = packed bf16 pair of columns 8i + 2q, +1 of one row, for
 // four n8 blocks i. After the transpose it holds x[c] = columns 8q + 2c, +1: eight consecutive
-// columns, one 16-byte store. Two butterfly steps (lane masks 1 and 2), each swapping the element
-// pairs whose index bit differs from the lane's; `shfl_xor(v, m)` returns lane q^m's v and must be
-// called by all four lanes in the same order (it is __shfl_xor_sync on the device).
+// columns, one 16-byte store: a 4x4 transpose across the quad in two butterfly steps (lane masks
+// 1 and 2). `shfl_xor(v, m)` returns lane q^m's v and must be called by all four lanes in the same
+// order (it is __shfl_xor_sync on the device).
+template <class ShflXor>
+MK_HD void quad_exchange(uint32_t& lo, uint32_t& hi, bool upper, int m, ShflXor& shfl_xor) {
+  // The lower lane of the pair keeps `lo` and sends `hi`; the upper lane keeps `hi`, sends `lo`.
+  const uint32_t recv = shfl_xor(upper ? lo : hi, m);
+  if (upper)
+    lo = recv;
+  else
+    hi = recv;
+}
 template <class ShflXor>
 MK_HD void quad_transpose(uint32_t (&x)[4], int q, ShflXor&& shfl_xor) {
-#pragma unroll
-  for (int m = 1; m <= 2; m <<= 1) {
-    const bool upper = (q & m) != 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (i & m) continue;  // each pair (i, i|m) once
-      const uint32_t send = upper ? x[i] : x[i | m];
-      const uint32_t recv = shfl_xor(send, m);
-      if (upper)
-        x[i] = recv;
-      else
-        x[i | m] = recv;
-    }
-  }
+  const bool bit0 = (q & 1) != 0, bit1 = (q & 2) != 0;
+  quad_exchange(x[0], x[1], bit0, 1, shfl_xor);  // transpose the 2x2 blocks' insides
+  quad_exchange(x[2], x[3], bit0, 1, shfl_xor);
+  quad_exchange(x[0], x[2], bit1, 2, shfl_xor);  // swap the off-diagonal 2x2 blocks
+  quad_exchange(x[1], x[3], bit1, 2, shfl_xor);
 }
+
+// The epilogue walks the output columns in groups g of 4 n8 blocks. Element i of group g, row
+// half h, starts at accumulator epi_acc(g, i, h) (+1: the next column); after the transpose lane q
+// stores the group's columns [epi_store_col(g, q), +8).
+MK_HD constexpr int epi_acc(int g, int i, int h) { return 4 * (4 * g + i) + 2 * h; }
+MK_HD constexpr int epi_store_col(int g, int q) { return 8 * (4 * g + q); }
 
 // ---- persistent schedule -------------------------------------------------------------------------
 // Work item -> (block, column tile), identical to the mma.sync kernel's order (expert_gemm.cuh):

@@ -26,15 +26,42 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-// Blocks until the phase of parity `parity` has completed (acquire at CTA scope).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+// One test of the phase of parity `parity` (acquire at CTA scope); the hardware may suspend the
+// thread for a while before it answers false.
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
   asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
       : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+// Watchdog of every pipeline wait: a phase that never completes (a wrong arrival or byte count)
+// would hang the kernel, and the whole device run with it. No wait of this kernel legitimately
+// lasts a second; after kWaitTimeoutNs the kernel traps, and the launch fails with an error.
+inline constexpr uint64_t kWaitTimeoutNs = 20ull * 1000 * 1000 * 1000;
+// Blocks until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  uint64_t start = 0;
+  for (uint32_t tries = 1;; ++tries) {
+    if (mbar_try_wait(bar, parity)) return;
+    if ((tries & 1023u) == 0) {
+      const uint64_t now = global_timer_ns();
+      if (start == 0)
+        start = now;
+      else if (now - start > kWaitTimeoutNs)
+        __trap();
+    }
+  }
 }
 
 // ---- cp.async (16-byte chunks, L2 only) ---------------------------------------------------------

@@ -1,0 +1,234 @@
+// sm90_layout_test.cpp — the layout arithmetic of the Hopper wgmma expert GEMM
+// (src/gemm/sm90_layout.hpp) against the definitions it implements, on the CPU: the 128-byte
+// swizzle (as the PTX ISA / CUDA driver and CuTe's Swizzle<3,4,3> define it), the wgmma matrix
+// descriptor fields, the m64nNk16 accumulator fragment, the epilogue's quad transpose (4 lanes
+// simulated by 4 threads, shuffles through a barrier) and the persistent schedule.
+//
+// Build and run: cmake --build build --target moekit_cpu_tests && ./build/tests/moekit_cpu_tests --gtest_filter='Sm90*'
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cstdint>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "gemm/sm90_layout.hpp"
+
+namespace moekit::kernels::sm90 {
+namespace {
+
+// The configs the launcher compiles (src/gemm/sm90_expert_gemm.cu, MK_SM90_CONFIGS).
+using Cfg256 = Config<256, 4>;
+using Cfg128 = Config<128, 6>;
+// H100/H200 opt-in shared memory per block (cudaDevAttrMaxSharedMemoryPerBlockOptin): 227 KB.
+constexpr size_t kHopperSmemOptin = 232448;
+
+TEST(Sm90Swizzle, MatchesCuteSwizzle343OnEveryBf16Element) {
+  // CuTe Swizzle<B=3, M=4, S=3>: offset ^ ((offset & (7 << 7)) >> 3), on byte offsets.
+  for (uint32_t byte = 0; byte < 64 * 1024; byte += 2) {
+    const uint32_t cute = byte ^ ((byte & (7u << 7)) >> 3);
+    ASSERT_EQ(sw128_address_bits(byte), cute) << "byte " << byte;
+  }
+}
+
+TEST(Sm90Swizzle, ChunkOffsetIsTheSwizzledLinearAddressAndStaysInItsRow) {
+  for (uint32_t row = 0; row < 256; ++row) {
+    std::set<uint32_t> chunks;
+    for (uint32_t chunk = 0; chunk < 8; ++chunk) {
+      const uint32_t off = sw128_offset(row, chunk);
+      ASSERT_EQ(off, sw128_address_bits(row * 128 + chunk * 16)) << "row " << row << " chunk " << chunk;
+      ASSERT_EQ(off / 128, row) << "a chunk must stay in its own 128-byte row";
+      ASSERT_EQ(off % 16, 0u);
+      chunks.insert(off);
+    }
+    ASSERT_EQ(chunks.size(), 8u) << "row " << row << ": the 8 chunks must land on 8 distinct slots";
+  }
+  // Row 0 is not permuted; row 1 swaps neighbouring chunks; row 7 reverses the row.
+  EXPECT_EQ(sw128_offset(0, 3), 3u * 16);
+  EXPECT_EQ(sw128_offset(1, 0), 128u + 16);
+  EXPECT_EQ(sw128_offset(7, 0), 7u * 128 + 7 * 16);
+  EXPECT_EQ(sw128_offset(8, 5), 8u * 128 + 5 * 16);  // the pattern repeats every 8 rows
+}
+
+TEST(Sm90Descriptor, FieldsFollowThePtxMatrixDescriptorFormat) {
+  for (uint32_t addr = 0; addr < (1u << 18); addr += 16 * 37) {
+    const uint64_t d = make_desc_k_sw128(addr);
+    EXPECT_EQ(d & 0x3FFF, (addr >> 4) & 0x3FFF) << "start address, bits 0-13";
+    EXPECT_EQ((d >> 14) & 0x3, 0u) << "bits 14-15 reserved";
+    EXPECT_EQ((d >> 16) & 0x3FFF, 1u) << "leading byte offset 16 B (unused for swizzled K-major)";
+    EXPECT_EQ((d >> 30) & 0x3, 0u);
+    EXPECT_EQ((d >> 32) & 0x3FFF, 1024u >> 4) << "stride byte offset: 8 rows x 128 B";
+    EXPECT_EQ((d >> 46) & 0x7, 0u);
+    EXPECT_EQ((d >> 49) & 0x7, 0u) << "base offset";
+    EXPECT_EQ((d >> 52) & 0x3FF, 0u);
+    EXPECT_EQ(d >> 62, 1u) << "swizzle mode 1 = 128B";
+  }
+}
+
+// Every descriptor the consumers form: stage s, warpgroup w, k16 slice kk. The start must stay in
+// the 14-bit field (no carry into the reserved bits) and keep address bits [7,10) zero, which is
+// what base offset 0 asserts.
+template <class Cfg>
+void check_descriptor_starts(uint32_t smem_base) {
+  for (uint32_t s = 0; s < uint32_t(Cfg::kStages); ++s)
+    for (int w = 0; w < kConsumerWarpgroups; ++w)
+      for (uint32_t kk = 0; kk < uint32_t(kBlockK / kWgmmaK); ++kk) {
+        const uint32_t a_addr = smem_base + Cfg::kAOffset + s * Cfg::kABytes + uint32_t(w * kWgmmaM * kRowBytes);
+        const uint32_t b_addr = smem_base + Cfg::kBOffset + s * Cfg::kBBytes;
+        for (uint32_t addr : {a_addr, b_addr}) {
+          const uint64_t d = desc_advance(make_desc_k_sw128(addr), kk * kWgmmaK * 2);
+          EXPECT_EQ(d, make_desc_k_sw128(addr + kk * kWgmmaK * 2)) << "advance must equal a fresh descriptor";
+          EXPECT_EQ(((addr + kk * 32) >> 7) & 7, 0u) << "stage " << s << " wg " << w << " kk " << kk;
+          EXPECT_EQ(addr % kSwizzleAtomBytes, 0u) << "tiles start on 1024-byte atoms";
+        }
+      }
+}
+
+TEST(Sm90Descriptor, EveryStartTheKernelFormsIsValid) {
+  // The dynamic-smem window starts at 0 or higher; the kernel rounds the base up to 1024.
+  for (uint32_t base : {0u, 1024u, 4096u, 31u * 1024u}) {
+    check_descriptor_starts<Cfg256>(base);
+    check_descriptor_starts<Cfg128>(base);
+  }
+}
+
+TEST(Sm90Config, SharedMemoryAndRegistersFitAHopperSm) {
+  EXPECT_LE(Cfg256::kSmemBytes, kHopperSmemOptin);
+  EXPECT_LE(Cfg128::kSmemBytes, kHopperSmemOptin);
+  EXPECT_EQ(Cfg256::kBarOffset % 8, 0u);
+  EXPECT_EQ(Cfg128::kBarOffset % 8, 0u);
+  // 384 threads x 168 registers at launch; setmaxnreg redistributes them.
+  EXPECT_LE(Cfg256::kProducerRegs * kProducerThreads + Cfg256::kConsumerRegs * kConsumerThreads, 168 * kThreads);
+  EXPECT_EQ(Cfg256::kABytes, 128u * 64 * 2);
+  EXPECT_EQ(Cfg256::kBBytes, 256u * 64 * 2);
+  EXPECT_EQ(Cfg256::cols_per_tile(true), 128);
+  EXPECT_EQ(Cfg256::cols_per_tile(false), 256);
+}
+
+TEST(Sm90Accumulator, FragmentCoversTheTileOnceAndMatchesThePtxFigure) {
+  for (int n : {128, 256}) {
+    std::vector<int> seen(size_t(64 * n), 0);
+    for (int warp = 0; warp < 4; ++warp)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int v = 0; v < n / 2; ++v) {
+          const int r = acc_row(warp, lane, v), c = acc_col(lane, v);
+          ASSERT_TRUE(r >= 0 && r < 64 && c >= 0 && c < n);
+          ++seen[size_t(r * n + c)];
+        }
+    for (int i = 0; i < 64 * n; ++i) ASSERT_EQ(seen[size_t(i)], 1) << "n " << n << " element " << i;
+  }
+  // PTX ISA figure "WGMMA .m64nNk16 register fragment layout for accumulator matrix D".
+  EXPECT_EQ(acc_row(0, 0, 0), 0); EXPECT_EQ(acc_col(0, 0), 0);
+  EXPECT_EQ(acc_row(0, 0, 1), 0); EXPECT_EQ(acc_col(0, 1), 1);
+  EXPECT_EQ(acc_row(0, 0, 2), 8); EXPECT_EQ(acc_col(0, 2), 0);
+  EXPECT_EQ(acc_row(0, 0, 4), 0); EXPECT_EQ(acc_col(0, 4), 8);
+  EXPECT_EQ(acc_row(0, 5, 0), 1); EXPECT_EQ(acc_col(5, 0), 2);
+  EXPECT_EQ(acc_row(1, 0, 0), 16);
+  EXPECT_EQ(acc_row(3, 31, 3), 63); EXPECT_EQ(acc_col(31, 3), 7);
+}
+
+// Four lanes of a quad, each a thread; shfl_xor goes through a shared slot between two barrier
+// phases, as __shfl_xor_sync exchanges values among the lanes executing it together.
+struct QuadSim {
+  std::barrier<> sync{4};
+  uint32_t slot[4] = {};
+  template <class Body>
+  void run(Body body) {
+    std::vector<std::thread> lanes;
+    for (int q = 0; q < 4; ++q)
+      lanes.emplace_back([&, q] {
+        auto shfl = [&](uint32_t v, int m) {
+          slot[q] = v;
+          sync.arrive_and_wait();
+          const uint32_t got = slot[q ^ m];
+          sync.arrive_and_wait();
+          return got;
+        };
+        body(q, shfl);
+      });
+    for (auto& t : lanes) t.join();
+  }
+};
+
+TEST(Sm90QuadTranspose, LaneQEndsWithBlockQ) {
+  QuadSim sim;
+  uint32_t out[4][4] = {};
+  sim.run([&](int q, auto& shfl) {
+    uint32_t x[4];
+    for (int i = 0; i < 4; ++i) x[i] = uint32_t(i * 16 + q);  // (block i, pair q)
+    quad_transpose(x, q, shfl);
+    for (int c = 0; c < 4; ++c) out[q][c] = x[c];
+  });
+  for (int q = 0; q < 4; ++q)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(out[q][c], uint32_t(q * 16 + c)) << "lane " << q << " element " << c;
+}
+
+// The whole epilogue mapping for one warp: pack accumulator pairs by epi_acc, transpose, store at
+// epi_store_col. Tag every accumulator with its (row, col) from the fragment layout and check that
+// each stored 16-byte vector holds 8 consecutive columns of one row, in order, at the right place.
+TEST(Sm90Epilogue, StoredVectorsHoldTheirOwnRowAndColumns) {
+  for (int n : {128, 256})
+    for (bool up : {false, true}) {
+      const int out_cols = up ? n / 2 : n;
+      for (int warp = 0; warp < 4; ++warp) {
+        std::vector<int> written(size_t(16 * out_cols), 0);
+        for (int quad = 0; quad < 8; ++quad) {
+          std::vector<int> stored[4];  // column offsets lane q stored, merged after the lanes join
+          QuadSim sim;
+          sim.run([&](int q, auto& shfl) {
+            const int lane = quad * 4 + q;
+            for (int h = 0; h < 2; ++h)
+              for (int g = 0; g < out_cols / 32; ++g) {
+                uint32_t x[4];
+                for (int i = 0; i < 4; ++i) {
+                  const int v = epi_acc(g, i, h);
+                  // Up: the gate accumulator v pairs with up accumulator v + 4·(n/16): same column.
+                  if (up) {
+                    EXPECT_EQ(acc_col(lane, v + 4 * (n / 16)), acc_col(lane, v) + n / 2);
+                    EXPECT_EQ(acc_row(warp, lane, v + 4 * (n / 16)), acc_row(warp, lane, v));
+                  }
+                  EXPECT_EQ(acc_col(lane, v + 1), acc_col(lane, v) + 1);
+                  x[i] = uint32_t(acc_row(warp, lane, v) << 16 | acc_col(lane, v));
+                }
+                quad_transpose(x, q, shfl);
+                const int col0 = epi_store_col(g, q), row = acc_row(warp, lane, 2 * h);
+                for (int c = 0; c < 4; ++c) {
+                  EXPECT_EQ(int(x[c] >> 16), row) << "lane " << lane << " g " << g << " h " << h;
+                  EXPECT_EQ(int(x[c] & 0xffff), col0 + 2 * c) << "lane " << lane << " g " << g << " h " << h;
+                }
+                const int local_row = row - 16 * warp;
+                for (int c = 0; c < 8; ++c) stored[q].push_back(local_row * out_cols + col0 + c);
+              }
+          });
+          for (const auto& lane_stores : stored)
+            for (int i : lane_stores) ++written[size_t(i)];
+        }
+        for (int i = 0; i < 16 * out_cols; ++i)
+          ASSERT_EQ(written[size_t(i)], 1) << "n " << n << " up " << up << " warp " << warp << " element " << i;
+      }
+    }
+}
+
+TEST(Sm90Schedule, ItemsMapOntoEveryTileOnceInTheMmaSyncKernelsOrder) {
+  for (int32_t blocks : {1, 7, 8, 9, 17, 64, 133})
+    for (int32_t n_tiles : {1, 3, 8, 28}) {
+      std::set<std::pair<int32_t, int32_t>> seen;
+      for (int32_t item = 0; item < blocks * n_tiles; ++item) {
+        const TileCoord t = item_to_tile(item, blocks, n_tiles);
+        ASSERT_TRUE(t.block >= 0 && t.block < blocks && t.n_tile >= 0 && t.n_tile < n_tiles);
+        seen.insert({t.block, t.n_tile});
+        // expert_gemm.cuh's loop, in 64 bits.
+        const int64_t group = item / (8 * int64_t(n_tiles)), first = group * 8;
+        const int64_t in_group = std::min<int64_t>(8, blocks - first), j = item - group * 8 * n_tiles;
+        ASSERT_EQ(t.block, first + j % in_group);
+        ASSERT_EQ(t.n_tile, j / in_group);
+      }
+      ASSERT_EQ(int64_t(seen.size()), int64_t(blocks) * n_tiles);
+    }
+}
+
+}  // namespace
+}  // namespace moekit::kernels::sm90

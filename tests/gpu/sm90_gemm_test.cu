@@ -1,0 +1,329 @@
+// sm90_gemm_test.cu — the Hopper wgmma expert GEMM (detail::launch_sm90_expert_gemm) against the
+// CPU oracle, as gemm_test.cu checks the mma.sync kernel: relative-norm error on random data,
+// exact results on small integers, padding rows never written, every assignment row written,
+// adversarial routings (counts 0, 1, BLOCK_M, BLOCK_M+1; K and N not multiples of the tile),
+// many tiles per CTA, and bitwise determinism across runs — for every compiled block_n.
+//
+// Built for one device run that must explain any failure by itself: each mismatch report names
+// the mode, the sorted row / assignment, the column, expected and got, and where in the same row
+// (or column) the value it got would have been right — a layout error shows as a shift.
+//
+// Run: ./build/tests/moekit_gpu_tests --gtest_filter='Sm90Gemm*'
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "gemm/expert_gemm.cuh"
+#include "gemm/sm90_expert_gemm.hpp"
+#include "gpu_util.hpp"
+
+namespace moekit::test {
+namespace {
+
+using kernels::gemm::Mode;
+using kernels::gemm::Params;
+
+// The bounds of gemm_test.cu. act is FP32-accumulated from bf16 operands, then rounded once to
+// bf16: each element within 2^-9 relative of the exact value, so the norm-wise error is at most
+// 2^-9 (+ FP32 rounding). y_rows carries act's rounding through the down GEMM plus its own.
+constexpr double kActRelTol = 1.25 / 512;
+constexpr double kDownRelTol = 2.5 / 512;
+// Element-wise screen for the diagnostics (not the contract): a wrong element of a layout or
+// pipeline bug is off by O(1) of the row's scale; rounding is 2^-9 of the element.
+constexpr double kElemRelTol = 1.0 / 64;
+
+// The mma.sync config whose block_m (128) the sm90 kernel shares: it gives the plan and align.
+const GemmConfig kPlanConfig{128, 128, 64, 2, 4, 3};
+
+struct Sm90Case {
+  int64_t T, H, F, E, k;
+  RoutingKind kind;
+};
+
+// Element-wise screen of one output matrix, collecting the first mismatches with a hint: the
+// column of the same row whose expected value equals what was got (a layout error shows as a shift).
+struct Mismatches {
+  std::string what;
+  int64_t count = 0;
+  std::string report;
+  void add(int64_t label_row, int64_t col, double want, double got, const std::vector<double>& want_row) {
+    if (count++ >= 8) return;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "  %s %lld col %lld: want %.6g got %.6g", what.c_str(), (long long)label_row,
+                  (long long)col, want, got);
+    report += buf;
+    const double tol = std::fabs(got) * kElemRelTol + 1e-6;
+    for (size_t c = 0; c < want_row.size(); ++c)
+      if (int64_t(c) != col && std::fabs(want_row[c] - got) <= tol) {
+        report += " (= want at col " + std::to_string(c) + " of this row)";
+        break;
+      }
+    report += "\n";
+  }
+};
+
+// The oracle for every sorted row at once, on all cores: row r -> f(r) ([] for padding rows).
+std::vector<std::vector<double>> oracle_rows(const ref::Aligned& al, int64_t TK,
+                                             const std::function<std::vector<double>(int32_t r, int32_t a)>& f) {
+  std::vector<std::vector<double>> rows(size_t(al.num_rows_padded));
+  ref::parallel_for(al.num_rows_padded, [&](int64_t r) {
+    const int32_t a = al.sorted_ids[size_t(r)];
+    if (a < TK) rows[size_t(r)] = f(int32_t(r), a);
+  });
+  return rows;
+}
+
+double rms_of(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x * x;
+  return std::sqrt(sum / double(std::max<size_t>(v.size(), 1)));
+}
+
+class Sm90GemmTest : public GpuTest {
+ protected:
+  struct Outputs {
+    std::vector<ref::bf16> act, y_rows;
+  };
+
+  Params routing_params(const ForwardPlan& plan, const Workspace& ws) const {
+    Params p{};
+    p.sorted_ids = ws.sorted_ids.as<const int32_t>();
+    p.block_expert = ws.block_expert.as<const int32_t>();
+    p.num_rows_padded = ws.num_rows_padded.as<const int32_t>();
+    p.num_assign = plan.shape.tokens * plan.shape.topk;
+    p.topk = int(plan.shape.topk);
+    return p;
+  }
+
+  void run(const Sm90Case& c, int block_n, bool small_ints) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " block_n " + std::to_string(block_n) + " T=" + std::to_string(c.T) +
+                 " H=" + std::to_string(c.H) + " F=" + std::to_string(c.F) + " E=" + std::to_string(c.E) +
+                 " k=" + std::to_string(c.k) + (small_ints ? " ints" : " random"));
+    std::mt19937_64 rng(seed);
+    const ForwardPlan plan = plan_forward_with({c.T, c.H, c.F, c.E, c.k}, kPlanConfig, kPlanConfig);
+    run_with_ids(plan, make_routing(c.kind, c.T, c.k, c.E, rng), rng, block_n, small_ints);
+  }
+
+  // Up then Down on the device; checks both against the oracle. Returns the outputs (determinism).
+  Outputs run_with_ids(const ForwardPlan& plan, const std::vector<int32_t>& ids, std::mt19937_64& rng, int block_n,
+                       bool small_ints) {
+    const MoeShape& s = plan.shape;
+    const int64_t TK = s.tokens * s.topk;
+    const auto x = small_ints ? small_int_bf16(size_t(s.tokens * s.hidden), rng, 2) : random_bf16(size_t(s.tokens * s.hidden), rng);
+    const auto w13 = small_ints ? small_int_bf16(size_t(s.experts * 2 * s.inter * s.hidden), rng, 1)
+                                : random_bf16(size_t(s.experts * 2 * s.inter * s.hidden), rng, 1.0f / std::sqrt(float(s.hidden)));
+    const auto w2 = small_ints ? small_int_bf16(size_t(s.experts * s.hidden * s.inter), rng, 2)
+                               : random_bf16(size_t(s.experts * s.hidden * s.inter), rng, 1.0f / std::sqrt(float(s.inter)));
+    std::vector<float> weights(static_cast<size_t>(TK));
+    for (auto& w : weights) w = small_ints ? std::ldexp(1.0f, int(rng() % 5) - 2) : float(rng() % 1000) / 1000.0f + 0.01f;
+
+    DeviceBuffer<ref::bf16> d_x(x), d_w13(w13), d_w2(w2);
+    DeviceBuffer<int32_t> d_ids(ids);
+    DeviceBuffer<float> d_w(weights);
+    DeviceBuffer<unsigned char> ws_buf(workspace_bytes(plan));
+    ws_buf.poison();
+    const Workspace ws = carve_workspace(plan, ws_buf.ptr, ws_buf.count);
+    align(plan, Tensor(d_ids.ptr, DType::i32, {s.tokens, s.topk}), ws, stream);
+
+    Params up = routing_params(plan, ws);
+    up.a = reinterpret_cast<const __nv_bfloat16*>(d_x.ptr);
+    up.b = reinterpret_cast<const __nv_bfloat16*>(d_w13.ptr);
+    up.out = ws.act.as<__nv_bfloat16>();
+    up.k_dim = s.hidden;
+    up.n_dim = s.inter;
+    up.b_expert_stride = 2 * s.inter * s.hidden;
+    detail::launch_sm90_expert_gemm(Mode::Up, up, plan, stream, block_n);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+    const ref::Aligned al = ref::align(ids.data(), s.tokens, s.topk, s.experts, plan.block_m, plan.max_blocks);
+    Outputs out;
+    out.act.resize(static_cast<size_t>(plan.max_rows * s.inter));
+    MK_CUDA_CHECK(cudaMemcpy(out.act.data(), ws.act.data, out.act.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<ref::bf16>& act = out.act;
+
+    // ---- Up: every real row against the double-precision oracle; padding rows stay poisoned.
+    const auto ref_acts = oracle_rows(al, TK, [&](int32_t r, int32_t a) {
+      const int32_t e = al.block_expert[size_t(r / plan.block_m)];
+      return ref::expert_act(x.data() + (a / s.topk) * s.hidden, w13.data() + e * 2 * s.inter * s.hidden, s.hidden,
+                             s.inter);
+    });
+    std::vector<double> got, want;
+    Mismatches up_bad{"act sorted row"};
+    for (int32_t r = 0; r < al.num_rows_padded; ++r) {
+      const int32_t a = al.sorted_ids[size_t(r)];
+      const ref::bf16* row = act.data() + int64_t(r) * s.inter;
+      if (a >= TK) {
+        for (int64_t f = 0; f < s.inter; ++f)
+          if (row[f] != 0xffff) {
+            ADD_FAILURE() << "Up: padding row " << r << " col " << f << " was written (" << ref::to_float(row[f]) << ")";
+            return out;
+          }
+        continue;
+      }
+      const std::vector<double>& ref_act = ref_acts[size_t(r)];
+      const double rms = rms_of(ref_act);
+      for (int64_t f = 0; f < s.inter; ++f) {
+        const double g = ref::to_float(row[f]);
+        if (!(std::fabs(g - ref_act[size_t(f)]) <= kElemRelTol * (std::fabs(ref_act[size_t(f)]) + rms)))
+          up_bad.add(r, f, ref_act[size_t(f)], g, ref_act);
+        got.push_back(g);
+      }
+      want.insert(want.end(), ref_act.begin(), ref_act.end());
+    }
+    EXPECT_EQ(up_bad.count, 0) << "Up: " << up_bad.count << " elements off by more than 1/64 of the row scale; first:\n"
+                               << up_bad.report;
+    EXPECT_LE(ref::rel_norm_error(got, want), kActRelTol) << "Up";
+
+    // ---- Down: from the GPU's act (small integers: act replaced by exact small-integer rows).
+    if (small_ints) {
+      for (int32_t r = 0; r < al.num_rows_padded; ++r)
+        for (int64_t f = 0; f < s.inter; ++f)
+          if (al.sorted_ids[size_t(r)] < TK) act[size_t(r * s.inter + f)] = ref::to_bf16(float(int(rng() % 9) - 4));
+      MK_CUDA_CHECK(cudaMemcpy(ws.act.data, act.data(), act.size() * 2, cudaMemcpyHostToDevice));
+    }
+    Params down = routing_params(plan, ws);
+    down.a = ws.act.as<const __nv_bfloat16>();
+    down.b = reinterpret_cast<const __nv_bfloat16*>(d_w2.ptr);
+    down.out = ws.y_rows.as<__nv_bfloat16>();
+    down.topk_weights = d_w.ptr;
+    down.k_dim = s.inter;
+    down.n_dim = s.hidden;
+    down.b_expert_stride = s.hidden * s.inter;
+    detail::launch_sm90_expert_gemm(Mode::Down, down, plan, stream, block_n);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    out.y_rows.resize(static_cast<size_t>(TK * s.hidden));
+    MK_CUDA_CHECK(cudaMemcpy(out.y_rows.data(), ws.y_rows.data, out.y_rows.size() * 2, cudaMemcpyDeviceToHost));
+    const std::vector<ref::bf16>& y_rows = out.y_rows;
+
+    const auto ref_ys = oracle_rows(al, TK, [&](int32_t r, int32_t a) {
+      const int32_t e = al.block_expert[size_t(r / plan.block_m)];
+      return ref::expert_down_row(act.data() + int64_t(r) * s.inter, w2.data() + e * s.hidden * s.inter,
+                                  weights[size_t(a)], s.hidden, s.inter);
+    });
+    got.clear(), want.clear();
+    Mismatches down_bad{"y_rows assignment"};
+    int64_t rows_checked = 0;
+    for (int32_t r = 0; r < al.num_rows_padded; ++r) {
+      const int32_t a = al.sorted_ids[size_t(r)];
+      if (a >= TK) continue;
+      ++rows_checked;
+      const std::vector<double>& ref_y = ref_ys[size_t(r)];
+      const double rms = rms_of(ref_y);
+      for (int64_t h = 0; h < s.hidden; ++h) {
+        const ref::bf16 gb = y_rows[size_t(a * s.hidden + h)];
+        const double g = ref::to_float(gb);
+        const bool bad = small_ints ? gb != ref::to_bf16(float(ref_y[size_t(h)]))
+                                    : !(std::fabs(g - ref_y[size_t(h)]) <= kElemRelTol * (std::fabs(ref_y[size_t(h)]) + rms));
+        if (bad) down_bad.add(a, h, ref_y[size_t(h)], g, ref_y);
+        got.push_back(g);
+      }
+      want.insert(want.end(), ref_y.begin(), ref_y.end());
+    }
+    EXPECT_EQ(rows_checked, TK) << "every assignment must have one sorted row";
+    EXPECT_EQ(down_bad.count, 0) << "Down: " << down_bad.count << (small_ints ? " inexact" : " far-off")
+                                 << " elements; first:\n" << down_bad.report;
+    EXPECT_LE(ref::rel_norm_error(got, want), kDownRelTol) << "Down";
+    // Every assignment row written: a poisoned (NaN) element would have failed above, but say so.
+    int64_t poisoned = 0;
+    for (ref::bf16 v : y_rows) poisoned += v == 0xffff;
+    EXPECT_EQ(poisoned, 0) << "y_rows elements never written";
+    return out;
+  }
+};
+
+TEST_F(Sm90GemmTest, RandomData) {
+  for (int bn : detail::sm90_block_ns()) {
+    run({33, 256, 192, 8, 2, RoutingKind::Uniform}, bn, false);
+    run({200, 128, 320, 16, 4, RoutingKind::Uniform}, bn, false);
+    run({5, 264, 136, 4, 2, RoutingKind::Uniform}, bn, false);  // K and N not multiples of the tile
+    run({300, 1000, 520, 4, 2, RoutingKind::Uniform}, bn, false);  // several K tiles, ragged K and N
+  }
+}
+
+TEST_F(Sm90GemmTest, SmallIntegersAreExact) {
+  for (int bn : detail::sm90_block_ns()) {
+    run({64, 256, 192, 8, 2, RoutingKind::Uniform}, bn, true);
+    run({17, 192, 128, 4, 2, RoutingKind::AllOnOne}, bn, true);
+    run({150, 520, 264, 3, 2, RoutingKind::Uniform}, bn, true);
+  }
+}
+
+TEST_F(Sm90GemmTest, AdversarialRoutings) {
+  for (int bn : detail::sm90_block_ns()) {
+    run({300, 128, 128, 16, 2, RoutingKind::AllOnOne}, bn, false);
+    run({100, 128, 128, 32, 2, RoutingKind::EmptyExperts}, bn, false);
+    run({1, 128, 128, 32, 4, RoutingKind::SingleToken}, bn, false);
+    // Per-expert counts 0, 1, BLOCK_M, BLOCK_M+1 (block_m = 128), K and N ragged.
+    const int64_t bm = kPlanConfig.block_m;
+    const std::vector<int64_t> counts = {0, 1, bm, bm + 1, 0, 1, 2 * bm - 1};
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    std::mt19937_64 rng(fresh_seed());
+    SCOPED_TRACE("counts 0,1,128,129,0,1,255 block_n " + std::to_string(bn));
+    run_with_ids(plan_forward_with({total, 136, 200, int64_t(counts.size()), 1}, kPlanConfig, kPlanConfig),
+                 routing_with_counts(counts, 1), rng, bn, true);
+  }
+}
+
+// More work items than SMs: every CTA walks several tiles, the stage ring wraps many times, and
+// the producer runs ahead into the next tile while the consumers store the previous one.
+TEST_F(Sm90GemmTest, ManyTilesPerCta) {
+  // 6144 rows = 48+ blocks; Up 384/(bn/2) and Down 768/bn column tiles: 144+ items per GEMM.
+  for (int bn : detail::sm90_block_ns()) run({3072, 768, 384, 4, 2, RoutingKind::Uniform}, bn, true);
+}
+
+TEST_F(Sm90GemmTest, BitwiseDeterministic) {
+  for (int bn : detail::sm90_block_ns()) {
+    const ForwardPlan plan = plan_forward_with({700, 384, 320, 8, 2}, kPlanConfig, kPlanConfig);
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " block_n " + std::to_string(bn));
+    std::mt19937_64 rng_ids(seed);
+    const auto ids = make_routing(RoutingKind::Uniform, 700, 2, 8, rng_ids);
+    std::mt19937_64 rng1(seed + 1), rng2(seed + 1);
+    const Outputs a = run_with_ids(plan, ids, rng1, bn, false);
+    const Outputs b = run_with_ids(plan, ids, rng2, bn, false);
+    ASSERT_EQ(a.act.size(), b.act.size());
+    for (size_t i = 0; i < a.act.size(); ++i) ASSERT_EQ(a.act[i], b.act[i]) << "act element " << i << " differs between runs";
+    for (size_t i = 0; i < a.y_rows.size(); ++i)
+      ASSERT_EQ(a.y_rows[i], b.y_rows[i]) << "y_rows element " << i << " differs between runs";
+  }
+}
+
+// The launcher's preconditions throw before any CUDA call (no GPU needed).
+TEST(Sm90GemmValidation, RejectsWhatTheKernelCannotDo) {
+  const MoeShape s{16, 128, 128, 4, 2};
+  const ForwardPlan plan128 = plan_forward_with(s, kPlanConfig, kPlanConfig);
+  const ForwardPlan plan64 = plan_forward_with(s, GemmConfig{64, 128, 64, 2, 4, 4}, GemmConfig{64, 128, 64, 2, 4, 4});
+  alignas(16) static int32_t dummy[64];
+  Params p{};
+  p.a = p.b = reinterpret_cast<const __nv_bfloat16*>(dummy);
+  p.out = reinterpret_cast<__nv_bfloat16*>(dummy);
+  p.sorted_ids = p.block_expert = p.num_rows_padded = dummy;
+  p.topk_weights = reinterpret_cast<const float*>(dummy);
+  p.num_assign = 32, p.topk = 2, p.k_dim = 128, p.n_dim = 128, p.b_expert_stride = 2 * 128 * 128;
+  auto expect_error = [&](const Params& q, const ForwardPlan& plan, int bn, const char* needle) {
+    try {
+      detail::launch_sm90_expert_gemm(Mode::Up, q, plan, nullptr, bn);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(p, plan64, 256, "plan.block_m");
+  Params q = p;
+  q.k_dim = 100, q.b_expert_stride = 2 * 128 * 100;
+  expect_error(q, plan128, 256, "p.k_dim");
+  q = p, q.b_expert_stride = 7;
+  expect_error(q, plan128, 256, "p.b_expert_stride");
+  q = p, q.k_splits = 2;
+  expect_error(q, plan128, 256, "p.k_splits");
+  expect_error(p, plan128, 192, "block_n");
+  q = p, q.out = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(dummy) + 2);
+  expect_error(q, plan128, 256, "p.out");
+}
+
+}  // namespace
+}  // namespace moekit::test
