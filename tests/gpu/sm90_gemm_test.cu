@@ -42,24 +42,34 @@ struct Sm90Case {
   RoutingKind kind;
 };
 
-// Element-wise screen of one output matrix, collecting the first mismatches with a hint: the
-// column of the same row whose expected value equals what was got (a layout error shows as a shift).
+// Element-wise screen of one output matrix, collecting the first mismatches with hints: the
+// column of the same row, or the sorted row of the same column, whose expected value equals what
+// was got (a layout error shows as a shift of columns or rows).
 struct Mismatches {
   std::string what;
+  const std::vector<std::vector<double>>* want_rows = nullptr;  // by sorted row
   int64_t count = 0;
   std::string report;
-  void add(int64_t label_row, int64_t col, double want, double got, const std::vector<double>& want_row) {
+  void add(int32_t sorted_row, int64_t label_row, int64_t col, double want, double got) {
     if (count++ >= 8) return;
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "  %s %lld col %lld: want %.6g got %.6g", what.c_str(), (long long)label_row,
-                  (long long)col, want, got);
+    const std::vector<double>& row = (*want_rows)[size_t(sorted_row)];
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "  %s %lld (sorted row %d) col %lld: want %.6g got %.6g", what.c_str(),
+                  (long long)label_row, sorted_row, (long long)col, want, got);
     report += buf;
     const double tol = std::fabs(got) * kElemRelTol + 1e-6;
-    for (size_t c = 0; c < want_row.size(); ++c)
-      if (int64_t(c) != col && std::fabs(want_row[c] - got) <= tol) {
-        report += " (= want at col " + std::to_string(c) + " of this row)";
+    for (size_t c = 0; c < row.size(); ++c)
+      if (int64_t(c) != col && std::fabs(row[c] - got) <= tol) {
+        report += " [= want at col " + std::to_string(c) + " of this row]";
         break;
       }
+    for (size_t r = 0; r < want_rows->size(); ++r) {
+      const auto& other = (*want_rows)[r];
+      if (int32_t(r) != sorted_row && !other.empty() && std::fabs(other[size_t(col)] - got) <= tol) {
+        report += " [= want at sorted row " + std::to_string(r) + " of this col]";
+        break;
+      }
+    }
     report += "\n";
   }
 };
@@ -151,7 +161,7 @@ class Sm90GemmTest : public GpuTest {
                              s.inter);
     });
     std::vector<double> got, want;
-    Mismatches up_bad{"act sorted row"};
+    Mismatches up_bad{"act row", &ref_acts};
     for (int32_t r = 0; r < al.num_rows_padded; ++r) {
       const int32_t a = al.sorted_ids[size_t(r)];
       const ref::bf16* row = act.data() + int64_t(r) * s.inter;
@@ -168,7 +178,7 @@ class Sm90GemmTest : public GpuTest {
       for (int64_t f = 0; f < s.inter; ++f) {
         const double g = ref::to_float(row[f]);
         if (!(std::fabs(g - ref_act[size_t(f)]) <= kElemRelTol * (std::fabs(ref_act[size_t(f)]) + rms)))
-          up_bad.add(r, f, ref_act[size_t(f)], g, ref_act);
+          up_bad.add(r, r, f, ref_act[size_t(f)], g);
         got.push_back(g);
       }
       want.insert(want.end(), ref_act.begin(), ref_act.end());
@@ -204,7 +214,7 @@ class Sm90GemmTest : public GpuTest {
                                   weights[size_t(a)], s.hidden, s.inter);
     });
     got.clear(), want.clear();
-    Mismatches down_bad{"y_rows assignment"};
+    Mismatches down_bad{"y_rows assignment", &ref_ys};
     int64_t rows_checked = 0;
     for (int32_t r = 0; r < al.num_rows_padded; ++r) {
       const int32_t a = al.sorted_ids[size_t(r)];
@@ -217,7 +227,7 @@ class Sm90GemmTest : public GpuTest {
         const double g = ref::to_float(gb);
         const bool bad = small_ints ? gb != ref::to_bf16(float(ref_y[size_t(h)]))
                                     : !(std::fabs(g - ref_y[size_t(h)]) <= kElemRelTol * (std::fabs(ref_y[size_t(h)]) + rms));
-        if (bad) down_bad.add(a, h, ref_y[size_t(h)], g, ref_y);
+        if (bad) down_bad.add(r, a, h, ref_y[size_t(h)], g);
         got.push_back(g);
       }
       want.insert(want.end(), ref_y.begin(), ref_y.end());
