@@ -52,10 +52,16 @@ struct DeviceInfo {
 };
 DeviceInfo query_device(int device = -1);  // -1: the current device
 
+// The two expert-GEMM kernel families: mma.sync with a cp.async pipeline (every tile size; the
+// decode path), and Hopper wgmma fed by TMA in a warp-specialised pipeline (128-row prefill tiles).
+enum class GemmKernel : int { mma_sync, wgmma };
+
 // One expert-GEMM tile configuration (an instance the library compiles; see src/gemm/configs.hpp).
+// For wgmma, warps_m x warps_n counts every warp of the CTA (2 consumer + 1 producer warpgroups).
 struct GemmConfig {
   int block_m = 0, block_n = 0, block_k = 0;
   int warps_m = 0, warps_n = 0, stages = 0;
+  GemmKernel kernel = GemmKernel::mma_sync;
   int threads() const { return 32 * warps_m * warps_n; }
   std::string str() const;
   bool operator==(const GemmConfig&) const = default;

@@ -10,6 +10,7 @@
 #include "common/validate.hpp"
 #include "gemm/configs.hpp"
 #include "gemm/expert_gemm.cuh"
+#include "gemm/sm90_expert_gemm.hpp"
 
 namespace moekit {
 
@@ -38,9 +39,14 @@ void launch_instance(kernels::gemm::Params p, int64_t max_blocks, cudaStream_t s
 }
 
 template <kernels::gemm::Mode M>
-void dispatch(const GemmConfig& c, const kernels::gemm::Params& p, int64_t max_blocks, cudaStream_t stream) {
+void dispatch(const ForwardPlan& plan, const GemmConfig& c, const kernels::gemm::Params& p, int64_t max_blocks,
+              cudaStream_t stream) {
+  if (c.kernel == GemmKernel::wgmma) {
+    detail::launch_sm90_expert_gemm(M, p, plan, stream, c.block_n);
+    return;
+  }
 #define MK_DISPATCH(bm, bn, bk, wm, wn, st)                                                   \
-  if (c == GemmConfig{bm, bn, bk, wm, wn, st}) {                                              \
+  if (c == GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync}) {                                              \
     launch_instance<M, bm, bn, bk, wm, wn, st>(p, max_blocks, stream);                        \
     return;                                                                                   \
   }
@@ -79,7 +85,7 @@ void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, cons
   p.n_dim = s.inter;
   p.b_expert_stride = 2 * s.inter * s.hidden;
   nvtxRangePushA("moekit.expert_up");
-  dispatch<kernels::gemm::Mode::Up>(plan.up, p, plan.max_blocks, stream);
+  dispatch<kernels::gemm::Mode::Up>(plan, plan.up, p, plan.max_blocks, stream);
   nvtxRangePop();
 }
 
@@ -105,7 +111,7 @@ void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_w
   p.n_dim = s.hidden;
   p.b_expert_stride = s.hidden * s.inter;
   nvtxRangePushA("moekit.expert_down");
-  dispatch<kernels::gemm::Mode::Down>(plan.down, p, plan.max_blocks, stream);
+  dispatch<kernels::gemm::Mode::Down>(plan, plan.down, p, plan.max_blocks, stream);
   nvtxRangePop();
 }
 

@@ -15,6 +15,7 @@
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/validate.hpp"
+#include "gemm/configs.hpp"
 #include "gemm/sm90_expert_gemm.cuh"
 #include "gemm/sm90_expert_gemm.hpp"
 
@@ -28,10 +29,9 @@ using kernels::gemm::Params;
 
 static_assert(kSm90BlockM == sm90::kBlockM, "the host header and the kernel must agree on block_m");
 
-// The compiled (block_n, stages) pairs: shared memory ~193 KB each (4 x 48 KB, 6 x 32 KB stages).
-#define MK_SM90_CONFIGS(X) \
-  X(256, 4)                \
-  X(128, 6)
+// The compiled (block_n, stages) pairs are MOEKIT_WGMMA_CONFIGS (gemm/configs.hpp): shared
+// memory ~193 KB each (4 x 48 KB, 6 x 32 KB stages).
+#define MK_SM90_CONFIGS(X) MOEKIT_WGMMA_CONFIGS(X)
 
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {

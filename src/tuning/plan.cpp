@@ -14,7 +14,7 @@
 namespace moekit {
 
 std::string GemmConfig::str() const {
-  return "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "k" +
+  return std::string(kernel == GemmKernel::wgmma ? "wgmma-" : "") + "m" + std::to_string(block_m) + "n" + std::to_string(block_n) + "k" +
          std::to_string(block_k) + "w" + std::to_string(warps_m) + "x" + std::to_string(warps_n) +
          "s" + std::to_string(stages);
 }
@@ -28,8 +28,11 @@ std::string ForwardPlan::str() const {
 }
 
 const std::vector<GemmConfig>& compiled_gemm_configs() {
-#define MK_CONFIG_ENTRY(bm, bn, bk, wm, wn, st) GemmConfig{bm, bn, bk, wm, wn, st},
-  static const std::vector<GemmConfig> configs = {MOEKIT_GEMM_CONFIGS(MK_CONFIG_ENTRY)};
+#define MK_CONFIG_ENTRY(bm, bn, bk, wm, wn, st) GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync},
+#define MK_WGMMA_ENTRY(bn, st) GemmConfig{128, bn, 64, 12, 1, st, GemmKernel::wgmma},
+  static const std::vector<GemmConfig> configs = {MOEKIT_GEMM_CONFIGS(MK_CONFIG_ENTRY)
+                                                      MOEKIT_WGMMA_CONFIGS(MK_WGMMA_ENTRY)};
+#undef MK_WGMMA_ENTRY
 #undef MK_CONFIG_ENTRY
   return configs;
 }
@@ -64,6 +67,8 @@ ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const
     detail::fail("plan_forward", "down", "block_m must equal the up config's: both GEMMs read one aligned layout");
   if (down_splits < 1 || down_splits > kMaxDownSplits)
     detail::fail("plan_forward", "down_splits", "must be in [1, " + std::to_string(kMaxDownSplits) + "], got " + std::to_string(down_splits));
+  if (down_splits > 1 && down.kernel != GemmKernel::mma_sync)
+    detail::fail("plan_forward", "down_splits", "split-K is a decode technique of the mma.sync kernel; " + down.str() + " has none");
   ForwardPlan plan;
   plan.shape = shape;
   plan.down_splits = down_splits;
@@ -102,9 +107,11 @@ ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
   // weight read (16-row tiles, little padding); hundreds of rows are tensor-core bound.
   const double rows_per_expert = double(shape.tokens * shape.topk) / double(shape.experts);
   const int block_m = rows_per_expert <= 24 ? 16 : rows_per_expert <= 96 ? 64 : 128;
+  // Prefill tiles (128 rows) run on the wgmma kernel; the mma.sync one serves the rest.
+  const GemmKernel kernel = block_m == 128 ? GemmKernel::wgmma : GemmKernel::mma_sync;
   const GemmConfig* pick = nullptr;
   for (const GemmConfig& c : compiled_gemm_configs())
-    if (c.block_m == block_m && smem_bytes(c) <= device.smem_per_block_optin) {
+    if (c.block_m == block_m && c.kernel == kernel && smem_bytes(c) <= device.smem_per_block_optin) {
       pick = &c;
       break;
     }

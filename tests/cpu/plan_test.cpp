@@ -35,6 +35,15 @@ const GemmConfig& compiled_with_block_m(int block_m) {
   throw std::logic_error("no compiled config with block_m " + std::to_string(block_m));
 }
 
+// The chooser's pick: the first compiled config of the block_m, on the wgmma kernel for
+// 128-row (prefill) tiles and on the mma.sync kernel otherwise.
+const GemmConfig& chosen_for_block_m(int block_m) {
+  const GemmKernel kernel = block_m == 128 ? GemmKernel::wgmma : GemmKernel::mma_sync;
+  for (const GemmConfig& c : compiled_gemm_configs())
+    if (c.block_m == block_m && c.kernel == kernel) return c;
+  throw std::logic_error("no compiled config with block_m " + std::to_string(block_m));
+}
+
 TEST(Plan, BlockMFollowsRowsPerExpertForThePresets) {
   for (const Preset& p : kPresets) {
     // T at each boundary (rows per expert exactly 24 and 96) and one token past it.
@@ -46,7 +55,7 @@ TEST(Plan, BlockMFollowsRowsPerExpertForThePresets) {
       EXPECT_EQ(plan.block_m, bm);
       EXPECT_EQ(plan.up.block_m, bm);
       EXPECT_EQ(plan.down.block_m, bm);
-      EXPECT_EQ(plan.up, compiled_with_block_m(bm));  // the first compiled one that fits
+      EXPECT_EQ(plan.up, chosen_for_block_m(bm));  // the first compiled one of its kernel family
       EXPECT_EQ(plan.max_rows, worst_case_rows(T, p.k, p.E, bm));
       EXPECT_EQ(plan.max_rows % bm, 0);
       EXPECT_EQ(plan.max_blocks, plan.max_rows / bm);

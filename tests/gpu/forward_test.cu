@@ -166,7 +166,7 @@ TEST_F(ForwardTest, ModelPresetsAgainstNaiveLoop) {
   };
   std::mt19937_64 rng(fresh_seed());
   for (const Preset& p : presets)
-    for (int64_t T : {1, 16, 300}) {
+    for (int64_t T : {1, 16, 300, 2048}) {  // 2048: Mixtral on the wgmma prefill kernel
       const uint64_t seed = rng();
       SCOPED_TRACE(std::string(p.name) + " T=" + std::to_string(T) + " seed " + std::to_string(seed));
       MoeShape s = p.s;

@@ -113,6 +113,10 @@ constexpr int64_t kCeilingReadMinBytes = int64_t(2) << 30;
 constexpr int64_t kCeilingReadL2Multiple = 8;
 // 8192^3: large enough that cuBLAS runs its best tile schedule at full occupancy (1.1 TFLOP/call).
 constexpr int64_t kCeilingGemmDim = 8192;
+// Warm-up calls before the dense ceiling is timed (~0.5 s): with 10 the first preset of a run
+// measured 696-715 TFLOP/s and later ones ~795 on the same H200 (clocks still ramping), which
+// inflated that preset's fractions of the ceiling.
+constexpr int kCeilingGemmWarmup = 400;
 
 inline Ceilings measure_ceilings(const DeviceInfo& dev, cublasHandle_t blas, cudaStream_t stream, uint64_t seed,
                                  int warmup, int steps) {
@@ -133,7 +137,7 @@ inline Ceilings measure_ceilings(const DeviceInfo& dev, cublasHandle_t blas, cud
     fill_normal_bf16(a.get(), n * n, 1.0f, seed, kStreamCeiling + 100, stream);
     fill_normal_bf16(b.get(), n * n, 1.0f, seed, kStreamCeiling + 101, stream);
     const float alpha = 1.0f, beta = 0.0f;
-    const double ms = time_median_ms(stream, warmup, steps, [&](int) {
+    const double ms = time_median_ms(stream, std::max(warmup, kCeilingGemmWarmup), steps, [&](int) {
       MK_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(n), int(n), &alpha, a.get(), CUDA_R_16BF,
                                    int(n), b.get(), CUDA_R_16BF, int(n), &beta, out.get(), CUDA_R_16BF, int(n),
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
