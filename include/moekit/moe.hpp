@@ -77,11 +77,18 @@ struct ForwardPlan {
   // Split-K of the down GEMM (decode: too few output tiles to fill the GPU). With S > 1 the
   // down GEMM writes FP32 partial rows (ws.y_partials) and combine sums them in fixed order.
   int down_splits = 1;
+  // Where the configs came from: "table:configs/<device>.json(rows/expert<=B)" (a bucket of a
+  // measured table), "heuristic", or "given" (plan_forward_with).
+  std::string source = "given";
   std::string str() const;
 };
 
-// Validates the shape (clear errors) and picks the configs for it on this device.
+// Validates the shape (clear errors) and picks the configs for it on this device: from the
+// measured table of this device (configs/*.json, compiled in; DeviceInfo::name matched exactly)
+// when one has a bucket for the shape, else from plan_forward_heuristic.
 ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device);
+// The rule that serves shapes with no table: tile rows from rows per expert, split-K by occupancy.
+ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& device);
 // As plan_forward, but with the tile configs given (tuning, tests); they must be compiled ones.
 ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down,
                               int down_splits = 1);

@@ -1,15 +1,18 @@
 // plan.cpp — the one config chooser (pure host code, unit-tested on the CPU) and the workspace
-// layout. plan_forward maps (shape, device) to tile configs; carve_workspace maps a caller's
+// layout. plan_forward maps (shape, device) to tile configs — a measured table's bucket
+// (tuning/table.hpp) where there is one, the heuristic otherwise; carve_workspace maps a caller's
 // buffer to the intermediate tensors of one forward pass.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "common/cuda_check.hpp"
 #include "common/validate.hpp"
 #include "gemm/configs.hpp"
 #include "moekit/moe.hpp"
+#include "tuning/table.hpp"
 
 namespace moekit {
 
@@ -24,7 +27,7 @@ std::string ForwardPlan::str() const {
          " F=" + std::to_string(shape.inter) + " E=" + std::to_string(shape.experts) +
          " k=" + std::to_string(shape.topk) + " block_m=" + std::to_string(block_m) +
          " up=" + up.str() + " down=" + down.str() +
-         (down_splits > 1 ? " down_splits=" + std::to_string(down_splits) : "");
+         (down_splits > 1 ? " down_splits=" + std::to_string(down_splits) : "") + " source=" + source;
 }
 
 const std::vector<GemmConfig>& compiled_gemm_configs() {
@@ -51,9 +54,7 @@ DeviceInfo query_device(int device) {
   return d;
 }
 
-static int64_t smem_bytes(const GemmConfig& c) {
-  return int64_t(c.stages) * (c.block_m + c.block_n) * c.block_k * 2;
-}
+using tuning::gemm_smem_bytes;
 
 ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down,
                               int down_splits) {
@@ -91,18 +92,32 @@ static int choose_down_splits(const MoeShape& s, const GemmConfig& c, const Devi
   const int64_t rows_per_expert = (assignments + experts_touched - 1) / std::max<int64_t>(experts_touched, 1);
   const int64_t blocks = experts_touched * ((rows_per_expert + c.block_m - 1) / c.block_m);
   const int64_t tiles = blocks * ((s.hidden + c.block_n - 1) / c.block_n);
-  const int64_t resident = int64_t(device.sm_count) * std::max<int64_t>(1, device.smem_per_block_optin / smem_bytes(c));
+  const int64_t resident = int64_t(device.sm_count) * std::max<int64_t>(1, device.smem_per_block_optin / gemm_smem_bytes(c));
   const int64_t k_tiles = (s.inter + c.block_k - 1) / c.block_k;
   int splits = 1;
   while (splits < kMaxDownSplits && tiles * splits < 2 * resident && k_tiles / (2 * splits) >= 4) splits *= 2;
   return splits;
 }
 
-ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
-  detail::expect_shape(shape, "plan_forward");
+static void expect_hopper(const DeviceInfo& device) {
   if (device.cc_major != 9)
     detail::fail("plan_forward", "device", "moekit's kernels are built for sm_90a (Hopper); got compute capability " +
                                                std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
+}
+
+ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
+  detail::expect_shape(shape, "plan_forward");
+  expect_hopper(device);
+  // A measured bucket for this device and shape first. Table entries that name configs no longer
+  // compiled (or invalid here) are skipped, so a stale table falls back instead of failing.
+  if (std::optional<ForwardPlan> plan = tuning::plan_from_table(tuning::compiled_tuning_table(), shape, device))
+    return *plan;
+  return plan_forward_heuristic(shape, device);
+}
+
+ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& device) {
+  detail::expect_shape(shape, "plan_forward");
+  expect_hopper(device);
   // Tile shape follows rows per expert, not T (DESIGN "Rules"): a few rows per expert is a
   // weight read (16-row tiles, little padding); hundreds of rows are tensor-core bound.
   const double rows_per_expert = double(shape.tokens * shape.topk) / double(shape.experts);
@@ -111,12 +126,14 @@ ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
   const GemmKernel kernel = block_m == 128 ? GemmKernel::wgmma : GemmKernel::mma_sync;
   const GemmConfig* pick = nullptr;
   for (const GemmConfig& c : compiled_gemm_configs())
-    if (c.block_m == block_m && c.kernel == kernel && smem_bytes(c) <= device.smem_per_block_optin) {
+    if (c.block_m == block_m && c.kernel == kernel && gemm_smem_bytes(c) <= device.smem_per_block_optin) {
       pick = &c;
       break;
     }
   if (!pick) detail::fail("plan_forward", "device", "no compiled GEMM config fits its shared memory");
-  return plan_forward_with(shape, *pick, *pick, choose_down_splits(shape, *pick, device));
+  ForwardPlan plan = plan_forward_with(shape, *pick, *pick, choose_down_splits(shape, *pick, device));
+  plan.source = "heuristic";
+  return plan;
 }
 
 // ---- workspace ------------------------------------------------------------------------------
