@@ -20,30 +20,11 @@
 #include "metrics.hpp"
 #include "report.hpp"
 #include "skew.hpp"
+#include "timing.hpp"
 
 namespace moekit::cli {
 
 namespace {
-
-// Timed weights must come from HBM, not L2: when the touched experts' bytes are below
-// kRotateL2Multiple x L2, successive steps rotate among bitwise-identical weight copies whose
-// touched bytes together exceed it, so a copy's lines are evicted before that copy comes back.
-// (Activations and the workspace are not rotated: in a model they are hot in L2 as well. w_gate,
-// 0.03-3.7 MB, rotates only with the weight copies; where they are few it may hit in L2, which
-// can understate the router by at most its HBM read time, about 1 us.)
-constexpr int64_t kRotateL2Multiple = 4;
-constexpr int kMaxWeightCopies = 64;
-// Device memory kept free when adding copies: room for the baselines' buffers and cuBLAS.
-constexpr int64_t kKeepFreeBytes = int64_t(2) << 30;
-
-std::string iso_utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char b[32];
-  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return b;
-}
 
 struct Context {
   const BenchArgs& args;
@@ -52,56 +33,6 @@ struct Context {
   const RunInfo& info;
   cudaStream_t stream;
   cublasHandle_t blas;
-};
-
-// Byte ranges of the weights `stage` reads in weight copy c: what its read time streams.
-std::vector<std::pair<const void*, int64_t>> weight_ranges(const std::string& stage, const GpuLayer& layer, int c,
-                                                           const std::vector<int32_t>& touched) {
-  const MoeShape& s = layer.spec().shape;
-  const int64_t w13_e = 2 * s.inter * s.hidden * 2, w2_e = s.hidden * s.inter * 2;  // bytes per expert
-  std::vector<std::pair<const void*, int64_t>> r;
-  const bool router = stage == "router" || stage == "layer";
-  const bool up = stage == "up" || stage == "experts" || stage == "layer";
-  const bool down = stage == "down" || stage == "experts" || stage == "layer";
-  if (router) r.emplace_back(layer.w_gate(c).data, s.experts * s.hidden * 2);
-  for (int32_t e : touched) {
-    if (up) r.emplace_back(static_cast<const char*>(layer.w13(c).data) + e * w13_e, w13_e);
-    if (down) r.emplace_back(static_cast<const char*>(layer.w2(c).data) + e * w2_e, w2_e);
-  }
-  return r;
-}
-
-// One instantiated CUDA graph of the whole layer per weight copy.
-class LayerGraphs {
- public:
-  LayerGraphs() = default;
-  LayerGraphs(const LayerGraphs&) = delete;
-  LayerGraphs& operator=(const LayerGraphs&) = delete;
-  ~LayerGraphs() {
-    for (cudaGraphExec_t e : exec_) cudaGraphExecDestroy(e);
-  }
-  // Global capture mode: any unsafe CUDA call inside moe_forward (a sync, an allocation) fails.
-  void capture(const std::function<void()>& enqueue, cudaStream_t stream) {
-    cudaGraph_t graph = nullptr;
-    MK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    try {
-      enqueue();
-    } catch (...) {
-      // Leave the stream usable; the error being thrown already says what went wrong.
-      if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
-      throw;
-    }
-    MK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-    MK_CUDA_CHECK(cudaGraphDestroy(graph));
-    MK_CUDA_CHECK(err);
-    exec_.push_back(exec);
-  }
-  void launch(int i, cudaStream_t stream) const { MK_CUDA_CHECK(cudaGraphLaunch(exec_.at(size_t(i)), stream)); }
-
- private:
-  std::vector<cudaGraphExec_t> exec_;
 };
 
 enum class Outcome { ok, check_failed, verify_failed };
@@ -124,10 +55,8 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   const size_t wsb = size_t(wsbuf.bytes());
   const Workspace ws = carve_workspace(plan, wsp, wsb);
 
-  // ---- check before timing: y poisoned with NaN (0xffff) so an unwritten row cannot pass.
-  MK_CUDA_CHECK(cudaMemsetAsync(y.get(), 0xff, size_t(y.bytes()), s));
-  moe_forward(plan, layer.inputs(0, xt), spec.router, yt, wsp, wsb, s);
-  const ForwardCheck chk = check_forward(layer, plan, ws, xt, yt, args.check_tokens, args.seed, s);
+  // ---- check before timing: y poisoned, one forward, the oracle (check.cpp).
+  const ForwardCheck chk = checked_forward(layer, plan, xt, yt, wsp, wsb, args.check_tokens, args.seed, s);
   std::printf("\n%s\n", chk.summary.c_str());
   if (!chk.ok) return Outcome::check_failed;
   std::vector<uint16_t> y_checked(size_t(T * H)), y_after(size_t(T * H));
@@ -137,18 +66,11 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   std::vector<int32_t> touched;
   for (int64_t e = 0; e < E; ++e)
     if (chk.expert_counts[size_t(e)] > 0) touched.push_back(int32_t(e));
-  // Sized for the smallest set a timed stage streams (down: the touched w2 slices, a third of
-  // the touched bytes), so every expert stage rotates past kRotateL2Multiple x L2.
-  const int64_t touched_bytes = int64_t(touched.size()) * 3 * H * F * 2, smallest = touched_bytes / 3;
-  const int64_t rotate_bytes = kRotateL2Multiple * cx.dev.l2_bytes;
-  const int want = smallest >= rotate_bytes ? 1 : int(std::min<int64_t>(kMaxWeightCopies, (rotate_bytes + smallest - 1) / smallest));
+  const int64_t touched_bytes = int64_t(touched.size()) * 3 * H * F * 2;
   const int64_t baseline_bytes = args.no_baselines ? 0 : A * (2 * H + 3 * F) * 2;
-  // Copies made for an earlier T stay allocated; rotate among only as many as this T needs.
-  const int copies = std::min(want, layer.ensure_copies(want, kKeepFreeBytes + baseline_bytes, s));
-  std::string rotation = copies > 1 ? "rotating " + std::to_string(copies) + " weight copies" : "";
-  if (copies < want)
-    rotation += (rotation.empty() ? "" : " ") + std::string("(L2 rotation wanted ") + std::to_string(want) +
-                " weight copies: capped by device memory)";
+  const WeightRotation rot = rotate_weights(layer, touched, cx.dev.l2_bytes, baseline_bytes, s);  // timing.hpp
+  const int copies = rot.copies;
+  const std::string rotation = rot.note;
 
   // ---- moekit stages, each alone on the workspace of the checked run (inputs stay valid).
   const int warmup = args.warmup, steps = args.steps;
@@ -159,11 +81,8 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   constexpr int kSmallStageReps = 10;
   auto timed = [&](const std::function<void(int)>& step, int reps = 1) {
     LayerGraphs graph;
-    for (int c = 0; c < copies; ++c)
-      graph.capture([&] {
-        for (int r = 0; r < reps; ++r) step((c + r) % copies);
-      }, s);
-    return time_median_ms(s, warmup, steps, [&](int i) { graph.launch(i % copies, s); }) / reps;
+    capture_rotated(graph, step, copies, reps, s);
+    return time_rotated_ms(graph, copies, warmup, steps, s) / reps;
   };
   auto timed_eager = [&](const std::function<void(int)>& step) {
     return time_median_ms(s, warmup, steps, [&](int i) { step(i % copies); });

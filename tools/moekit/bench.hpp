@@ -69,6 +69,39 @@ struct ForwardCheck {
 ForwardCheck check_forward(const GpuLayer& layer, const ForwardPlan& plan, const Workspace& ws, const Tensor& x,
                            const Tensor& y, int check_tokens, uint64_t seed, cudaStream_t stream);
 
+// The run a check reads: y poisoned with NaN (0xffff) so an unwritten row cannot pass, then
+// moe_forward on weight copy 0 of `layer`.
+void poisoned_forward(const GpuLayer& layer, const ForwardPlan& plan, const Tensor& x, const Tensor& y, void* ws,
+                      size_t ws_bytes, cudaStream_t stream);
+// poisoned_forward, then check_forward: the check `moekit bench` runs before it times anything.
+ForwardCheck checked_forward(const GpuLayer& layer, const ForwardPlan& plan, const Tensor& x, const Tensor& y,
+                             void* ws, size_t ws_bytes, int check_tokens, uint64_t seed, cudaStream_t stream);
+
+// check_forward in two halves, for checking many plans of one (layer, T, x) — `moekit tune`:
+// the constructor reads the routing of a finished forward and computes the oracle's side once
+// (the routing check of the sampled tokens, and their double-precision y: the costly part, with
+// GBs of expert weights copied to the host); check() then compares one finished forward of any
+// plan with it, exactly as check_forward does, and also requires the routing to be bitwise the
+// one the oracle was computed from. check_forward(...) == ForwardOracle(...).check(ws, y).
+class ForwardOracle {
+ public:
+  ForwardOracle(const GpuLayer& layer, const MoeShape& shape, const Workspace& ws, const Tensor& x, int check_tokens,
+                uint64_t seed, cudaStream_t stream);
+  ForwardCheck check(const Workspace& ws, const Tensor& y, cudaStream_t stream) const;
+  std::vector<int32_t> touched_experts() const;  // experts with >= 1 assignment, ascending
+
+ private:
+  MoeShape shape_;
+  std::vector<int32_t> topk_ids_;  // [T, k] of the run the oracle read
+  std::vector<float> topk_w_;      // [T, k]
+  bool ids_in_range_ = true;
+  std::vector<int64_t> tokens_;    // sampled tokens, ascending
+  int64_t route_mismatches_ = 0;
+  std::string first_mismatch_;
+  int64_t experts_copied_ = 0;
+  std::vector<double> y_ref_;      // [tokens, H]: the oracle's y of the sampled tokens
+};
+
 // ---- baselines.cu: the same expert FFN through cuBLAS ----------------------------------------
 struct BaselineRequest {
   const GpuLayer* layer = nullptr;

@@ -2,7 +2,8 @@
 // (DESIGN.md "Measuring"): a read-only streaming kernel (TB/s) and a large dense cuBLAS bf16 GEMM
 // (TFLOP/s). The same streaming kernel also reads exactly the bytes of the touched experts: the
 // "read time", the lower bound of a decode step that must read those weights once.
-// Included by bench.cu only.
+// Included by bench.cu and tune.cu. Everything here is in an anonymous namespace: each includer
+// gets its own kernel and reader, so no definition is shared (or has to agree) across units.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -53,8 +54,6 @@ __global__ void __launch_bounds__(kReadThreads)
   // The store is (almost) never taken, but the compiler cannot know: the loads stay.
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
-
-}  // namespace
 
 // A fixed list of byte ranges, split into chunks once; launch() streams all of them.
 class StreamReader {
@@ -146,5 +145,7 @@ inline Ceilings measure_ceilings(const DeviceInfo& dev, cublasHandle_t blas, cud
   }
   return c;
 }
+
+}  // namespace
 
 }  // namespace moekit::cli

@@ -1,5 +1,5 @@
 // layer.cuh — definitions of layer.hpp: the GPU fill kernel and GpuLayer. Included by bench.cu
-// only (the CLI is four translation units, listed in CMakeLists.txt), so each symbol is defined once.
+// only (the CLI's translation units are listed in CMakeLists.txt), so each symbol is defined once.
 #pragma once
 
 #include <cuda_bf16.h>

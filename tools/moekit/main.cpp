@@ -1,8 +1,9 @@
-// main.cpp — the `moekit` command line: parses the options of `bench` and `check` (CLI11) and
-// dispatches to run_bench (bench.cu) and run_check (check.cpp).
+// main.cpp — the `moekit` command line: parses the options of `bench`, `check` and `tune` (CLI11)
+// and dispatches to run_bench (bench.cu), run_check (check.cpp) and run_tune (tune.cu).
 //
 //   moekit bench --preset deepseek-v3 --tokens 1,16,64,512 --json out.json
 //   moekit check --cpu
+//   moekit tune --preset mixtral-8x7b --tokens 1,2,4,8,16,32,64 --merge
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 
 #include "bench.hpp"
 #include "report.hpp"
+#include "tune.hpp"
 
 namespace moekit::cli {
 
@@ -142,6 +144,31 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
 
+  moekit::cli::TuneArgs tune;
+  CLI::App* tune_cmd = app.add_subcommand(
+      "tune", "time every compiled tile config per T (each checked against the oracle first) and write the fastest "
+              "to the device's table in configs/ (needs a Hopper GPU)");
+  add_layer_options(tune_cmd, tune.layer, true);
+  tune_cmd->add_option("--tokens", tune.tokens, "token counts T, comma-separated (each one bucket of the table)")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  tune_cmd->add_option("--steps", tune.steps, "timed iterations per candidate (median kept)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  tune_cmd->add_option("--warmup", tune.warmup, "untimed iterations first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  tune_cmd->add_option("--out", tune.out, "table file (default: configs/<device>.json, e.g. configs/nvidia-h200.json)");
+  tune_cmd->add_flag("--merge", tune.merge,
+                     "keep this shape's entries at token counts not measured now (default: replace the shape's entries; "
+                     "other shapes' entries are always kept)");
+  tune_cmd->add_flag("--exhaustive", tune.exhaustive, "time every candidate in full (no 3-step screen)");
+  tune_cmd->add_option("--seed", tune.seed, "seed of every random input")->capture_default_str();
+  tune_cmd->add_option("--check-tokens", tune.check_tokens, "tokens the oracle checks per candidate")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
   CLI11_PARSE(app, argc, argv);
   check.tokens_given = tokens_opt->count() > 0;
 
@@ -151,6 +178,7 @@ int main(int argc, char** argv) {
   try {
     if (bench_cmd->parsed()) return moekit::cli::run_bench(bench, command);
     if (check_cmd->parsed()) return moekit::cli::run_check(check);
+    if (tune_cmd->parsed()) return moekit::cli::run_tune(tune, command);
   } catch (const moekit::Error& e) {
     std::fprintf(stderr, "moekit: error: %s\n", e.what());
   } catch (const moekit::CudaError& e) {

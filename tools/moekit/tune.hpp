@@ -1,0 +1,44 @@
+// tune.hpp — `moekit tune`: its options (parsed in main.cpp), its entry point (tune.cu), and the
+// table file it reads and writes, configs/<device>.json (tune_table.cpp; format in
+// configs/README.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "presets.hpp"
+#include "tuning/table.hpp"
+
+namespace moekit::cli {
+
+struct TuneArgs {
+  LayerArgs layer;
+  std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64};  // issue 3's decode points
+  int steps = 50;
+  int warmup = 10;
+  std::string out;     // empty: configs/<device slug>.json
+  bool merge = false;  // keep this shape's points at T's not measured now
+  bool exhaustive = false;  // time every candidate in full (no screening)
+  uint64_t seed = 20240901;
+  int check_tokens = 16;
+};
+
+int run_tune(const TuneArgs& args, const std::string& command);
+
+// configs/<device>.json in memory.
+struct TableFile {
+  std::string device;  // DeviceInfo::name of the GPU it was measured on
+  int sm_count = 0;
+  std::vector<std::string> commands;  // the `moekit tune` runs that wrote it, oldest first
+  std::vector<tuning::TuningRecord> entries;
+};
+
+// nullopt when `path` does not exist; throws moekit::Error naming the file, entry and field
+// when it exists but is not a table.
+std::optional<TableFile> read_table_file(const std::string& path);
+// Writes through a temporary file renamed over `path`, so an interrupted run leaves the old table.
+void write_table_file(const std::string& path, const TableFile& table);
+
+}  // namespace moekit::cli
