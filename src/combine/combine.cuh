@@ -20,6 +20,24 @@ struct Params {
 
 constexpr int kThreads = 256;
 
+// The 8 columns [c, c+8) of token t this thread owns; false past the last token.
+__device__ __forceinline__ bool thread_columns(int64_t tokens, int64_t hidden, int64_t& t, int64_t& c) {
+  const int64_t vecs_per_row = hidden / 8;
+  const int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (v >= tokens * vecs_per_row) return false;
+  t = v / vecs_per_row, c = (v % vecs_per_row) * 8;
+  return true;
+}
+
+// 8 FP32 sums rounded to bf16 (canon's rounding, as the oracle) in one 16-byte store.
+__device__ __forceinline__ void store_bf16x8(__nv_bfloat16* dst, const float (&s)[8]) {
+  uint32_t o[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    o[q] = uint32_t(canon::float_to_bf16_bits(s[2 * q])) | (uint32_t(canon::float_to_bf16_bits(s[2 * q + 1])) << 16);
+  *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // Split-K's combine: y[t] = Σ_j Σ_s partials[s][t*k+j] (j outer, s inner), FP32, bf16 out.
 struct PartialParams {
   const float* partials;  // [S, T*k, H]
@@ -30,10 +48,8 @@ struct PartialParams {
 
 __global__ void __launch_bounds__(kThreads) combine_partials_kernel(PartialParams p) {
   dev::pdl_enter();
-  const int64_t vecs_per_row = p.hidden / 8;
-  const int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (v >= p.tokens * vecs_per_row) return;
-  const int64_t t = v / vecs_per_row, c = (v % vecs_per_row) * 8;
+  int64_t t, c;
+  if (!thread_columns(p.tokens, p.hidden, t, c)) return;
   const int64_t split_stride = p.tokens * p.topk * p.hidden;
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int j = 0; j < p.topk; ++j)
@@ -45,19 +61,13 @@ __global__ void __launch_bounds__(kThreads) combine_partials_kernel(PartialParam
 #pragma unroll
       for (int q = 0; q < 8; ++q) s[q] = canon::add(s[q], r[q]);
     }
-  uint32_t o[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q)
-    o[q] = uint32_t(canon::float_to_bf16_bits(s[2 * q])) | (uint32_t(canon::float_to_bf16_bits(s[2 * q + 1])) << 16);
-  *reinterpret_cast<uint4*>(p.y + t * p.hidden + c) = make_uint4(o[0], o[1], o[2], o[3]);
+  store_bf16x8(p.y + t * p.hidden + c, s);
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(Params p) {
   dev::pdl_enter();
-  const int64_t vecs_per_row = p.hidden / 8;
-  const int64_t v = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (v >= p.tokens * vecs_per_row) return;
-  const int64_t t = v / vecs_per_row, c = (v % vecs_per_row) * 8;
+  int64_t t, c;
+  if (!thread_columns(p.tokens, p.hidden, t, c)) return;
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int j = 0; j < p.topk; ++j) {
     const uint4 r = *reinterpret_cast<const uint4*>(p.y_rows + (t * p.topk + j) * p.hidden + c);
@@ -68,11 +78,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Params p) {
       s[2 * q + 1] = canon::add(s[2 * q + 1], dev::bf16_hi(w[q]));
     }
   }
-  uint32_t o[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q)
-    o[q] = uint32_t(canon::float_to_bf16_bits(s[2 * q])) | (uint32_t(canon::float_to_bf16_bits(s[2 * q + 1])) << 16);
-  *reinterpret_cast<uint4*>(p.y + t * p.hidden + c) = make_uint4(o[0], o[1], o[2], o[3]);
+  store_bf16x8(p.y + t * p.hidden + c, s);
 }
 
 }  // namespace moekit::kernels::combine

@@ -50,6 +50,21 @@ __device__ __forceinline__ Cand warp_best(Cand c) {
   return c;
 }
 
+// One 8-element chunk of a w_gate row (bf16 or f32) as floats: 16 or 32 bytes in one or two loads.
+template <class WT>
+__device__ __forceinline__ void load_chunk8(const WT* src, float (&w)[8]) {
+  if constexpr (sizeof(WT) == 4) {
+    const float4 w0 = *reinterpret_cast<const float4*>(src);
+    const float4 w1 = *reinterpret_cast<const float4*>(src + 4);
+    w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
+  } else {
+    const uint4 wv = *reinterpret_cast<const uint4*>(src);
+    const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) w[2 * q] = dev::bf16_lo(ws[q]), w[2 * q + 1] = dev::bf16_hi(ws[q]);
+  }
+}
+
 // x[t]·w_gate[e] in canon order: lane-strided 8-element chunks, FMA, then the butterfly.
 template <class WT>
 __device__ __forceinline__ float logit_dot(const __nv_bfloat16* x_row, const WT* w_row, int64_t hidden) {
@@ -61,16 +76,7 @@ __device__ __forceinline__ float logit_dot(const __nv_bfloat16* x_row, const WT*
     const uint4 xv = *reinterpret_cast<const uint4*>(x_row + c * 8);
     const uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w};
     float w[8];
-    if constexpr (sizeof(WT) == 4) {
-      const float4 w0 = *reinterpret_cast<const float4*>(w_row + c * 8);
-      const float4 w1 = *reinterpret_cast<const float4*>(w_row + c * 8 + 4);
-      w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
-    } else {
-      const uint4 wv = *reinterpret_cast<const uint4*>(w_row + c * 8);
-      const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) w[2 * q] = dev::bf16_lo(ws[q]), w[2 * q + 1] = dev::bf16_hi(ws[q]);
-    }
+    load_chunk8(w_row + c * 8, w);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       acc = canon::fma(dev::bf16_lo(xs[q]), w[2 * q], acc);
@@ -102,16 +108,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) logits_kernel(Params p, f
 #pragma unroll 2
   for (int64_t c = lane; c < p.hidden / canon::kLogitChunk; c += 32) {
     float w[8];
-    if constexpr (sizeof(WT) == 4) {
-      const float4 w0 = *reinterpret_cast<const float4*>(w_row + c * 8);
-      const float4 w1 = *reinterpret_cast<const float4*>(w_row + c * 8 + 4);
-      w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
-    } else {
-      const uint4 wv = *reinterpret_cast<const uint4*>(w_row + c * 8);
-      const uint32_t ws[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) w[2 * q] = dev::bf16_lo(ws[q]), w[2 * q + 1] = dev::bf16_hi(ws[q]);
-    }
+    load_chunk8(w_row + c * 8, w);
     // All the tile's x chunks are loaded before any FMA: a load behind each token's FMAs
     // serialised 8 L2 round trips per chunk (the router took 26 us at T=8 against 7 at T=1).
     uint4 xv[kLogitTokens];
