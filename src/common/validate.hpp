@@ -21,6 +21,10 @@ bool expect_optional(const char* entry, const char* arg, const Tensor& t, DType 
                      std::initializer_list<int64_t> shape);
 void expect_shape(const MoeShape& s, const char* entry);
 void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* entry);
+// carve_workspace with the buffer's errors under the caller's argument names (the whole-layer
+// entries take `workspace` / `workspace_bytes`).
+Workspace carve_named(const ForwardPlan& plan, void* base, size_t bytes, const char* entry,
+                      const char* base_arg, const char* bytes_arg);
 // The plan still fits its shape (a plan edited after plan_forward would size buffers wrongly).
 void expect_plan(const ForwardPlan& plan, const char* entry);
 

@@ -7,17 +7,6 @@
 
 namespace moekit {
 
-namespace {
-// carve_workspace checks the buffer too, but under its own argument names; here the caller's.
-Workspace carve(const ForwardPlan& plan, void* workspace, size_t bytes, const char* fn) {
-  if (workspace == nullptr) detail::fail(fn, "workspace", "pointer is null");
-  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) detail::fail(fn, "workspace", "must be 256-byte aligned");
-  if (bytes < workspace_bytes(plan))
-    detail::fail(fn, "workspace_bytes", std::to_string(bytes) + " is smaller than workspace_bytes(plan) = " +
-                                            std::to_string(workspace_bytes(plan)));
-  return carve_workspace(plan, workspace, bytes);
-}
-}  // namespace
 
 void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Tensor& w2,
                      const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y,
@@ -31,7 +20,7 @@ void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13
   detail::expect_tensor(fn, "topk_ids", topk_ids, DType::i32, {s.tokens, s.topk});
   detail::expect_tensor(fn, "topk_weights", topk_weights, DType::f32, {s.tokens, s.topk});
   detail::expect_tensor(fn, "y", y, DType::bf16, {s.tokens, s.hidden});
-  const Workspace ws = carve(plan, workspace, workspace_bytes, fn);
+  const Workspace ws = detail::carve_named(plan, workspace, workspace_bytes, fn, "workspace", "workspace_bytes");
   nvtxRangePushA("moekit.experts_forward");
   align(plan, topk_ids, ws, stream);
   expert_up(plan, x, w13, ws, stream);
@@ -59,7 +48,7 @@ void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptio
     detail::expect_tensor(fn, "w_gate", in.w_gate, in.w_gate.dtype == DType::f32 ? DType::f32 : DType::bf16, {s.experts, s.hidden});
   else
     detail::fail(fn, "w_gate", "give router_logits [T, E] or w_gate [E, H]");
-  const Workspace ws = carve(plan, workspace, workspace_bytes, fn);
+  const Workspace ws = detail::carve_named(plan, workspace, workspace_bytes, fn, "workspace", "workspace_bytes");
   nvtxRangePushA("moekit.moe_forward");
   route(in.x, in.w_gate, in.router_logits, in.score_bias, opt, ws.topk_ids, ws.topk_weights, stream,
         ws.router_logits);

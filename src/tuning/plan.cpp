@@ -172,12 +172,17 @@ Layout layout_of(const ForwardPlan& p) {
 size_t workspace_bytes(const ForwardPlan& plan) { return size_t(layout_of(plan).total); }
 
 Workspace carve_workspace(const ForwardPlan& p, void* base, size_t bytes) {
+  return detail::carve_named(p, base, bytes, "carve_workspace", "base", "bytes");
+}
+
+Workspace detail::carve_named(const ForwardPlan& p, void* base, size_t bytes, const char* entry,
+                              const char* base_arg, const char* bytes_arg) {
   const Layout l = layout_of(p);
-  if (base == nullptr) detail::fail("carve_workspace", "base", "workspace pointer is null");
+  if (base == nullptr) detail::fail(entry, base_arg, "workspace pointer is null");
   if (reinterpret_cast<uintptr_t>(base) % kAlign != 0)
-    detail::fail("carve_workspace", "base", "workspace must be 256-byte aligned");
+    detail::fail(entry, base_arg, "workspace must be 256-byte aligned");
   if (int64_t(bytes) < l.total)
-    detail::fail("carve_workspace", "bytes", "workspace of " + std::to_string(bytes) + " bytes is smaller than workspace_bytes(plan) = " + std::to_string(l.total));
+    detail::fail(entry, bytes_arg, "workspace of " + std::to_string(bytes) + " bytes is smaller than workspace_bytes(plan) = " + std::to_string(l.total));
   char* b = static_cast<char*>(base);
   const MoeShape& s = p.shape;
   const int64_t tk = s.tokens * s.topk;

@@ -200,16 +200,11 @@ TEST_F(ForwardTest, CudaGraphCaptureAndReplayOnNewInputs) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   Layer layer({64, 2048, 768, 128, 8}, softmax_renorm(), false, seed);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  MK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  layer.forward(stream);
-  MK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  MK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph graph(stream, [&] { layer.forward(stream); });
   for (int replay = 0; replay < 3; ++replay) {
     layer.fill_x(rng());  // new inputs in the same buffers
     layer.y.poison();
-    MK_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    graph.launch(stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto from_graph = layer.y.download();
     layer.check_tokens(sample_tokens(64, 64, rng));
@@ -217,8 +212,6 @@ TEST_F(ForwardTest, CudaGraphCaptureAndReplayOnNewInputs) {
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
     ASSERT_EQ(layer.y.download(), from_graph) << "replay " << replay;
   }
-  MK_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  MK_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
 // Decode plans split the down GEMM (plan_forward picks it; checked here, not assumed): the
@@ -234,18 +227,11 @@ TEST_F(ForwardTest, SplitKDecodeLayer) {
   MK_CUDA_CHECK(cudaStreamSynchronize(stream));
   layer.check_tokens(sample_tokens(4, 4, rng));
   const auto first = layer.y.download();
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  MK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  layer.forward(stream);
-  MK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  MK_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const CapturedGraph graph(stream, [&] { layer.forward(stream); });
   layer.y.poison();
-  MK_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  graph.launch(stream);
   MK_CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_EQ(layer.y.download(), first);
-  MK_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  MK_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
 TEST_F(ForwardTest, EmptyBatchIsValid) {

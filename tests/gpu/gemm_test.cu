@@ -36,13 +36,11 @@ class GemmTest : public GpuTest {
   void run_with_ids(const ForwardPlan& plan, const std::vector<int32_t>& ids, std::mt19937_64& rng, bool small_ints) {
     const MoeShape& s = plan.shape;
     const int64_t TK = s.tokens * s.topk;
-    const auto x = small_ints ? small_int_bf16(size_t(s.tokens * s.hidden), rng, 2) : random_bf16(size_t(s.tokens * s.hidden), rng);
-    const auto w13 = small_ints ? small_int_bf16(size_t(s.experts * 2 * s.inter * s.hidden), rng, 1)
-                                : random_bf16(size_t(s.experts * 2 * s.inter * s.hidden), rng, 1.0f / std::sqrt(float(s.hidden)));
-    const auto w2 = small_ints ? small_int_bf16(size_t(s.experts * s.hidden * s.inter), rng, 2)
-                               : random_bf16(size_t(s.experts * s.hidden * s.inter), rng, 1.0f / std::sqrt(float(s.inter)));
-    std::vector<float> weights(static_cast<size_t>(TK));
-    for (auto& w : weights) w = small_ints ? std::ldexp(1.0f, int(rng() % 5) - 2) : float(rng() % 1000) / 1000.0f + 0.01f;
+    const GemmInputs in = make_gemm_inputs(s, rng, small_ints);
+    const auto& x = in.x;
+    const auto& w13 = in.w13;
+    const auto& w2 = in.w2;
+    const auto& weights = in.weights;
 
     DeviceBuffer<ref::bf16> d_x(x), d_w13(w13), d_w2(w2);
     DeviceBuffer<int32_t> d_ids(ids);

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -69,6 +70,29 @@ struct DeviceBuffer {
   }
 };
 
+// One captured CUDA graph (global capture mode: a sync or allocation inside fails), replayable.
+class CapturedGraph {
+ public:
+  template <class F>
+  CapturedGraph(cudaStream_t stream, F&& enqueue) {
+    MK_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    enqueue();
+    MK_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+    MK_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+  void launch(cudaStream_t stream) const { MK_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 inline std::vector<ref::bf16> random_bf16(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);
   std::vector<ref::bf16> v(n);
@@ -87,6 +111,24 @@ inline std::vector<ref::bf16> small_int_bf16(size_t n, std::mt19937_64& rng, int
   std::vector<ref::bf16> v(n);
   for (auto& x : v) x = ref::to_bf16(float(d(rng)));
   return v;
+}
+
+// Host inputs of one expert-GEMM test: random (weights scaled 1/sqrt(K)) or small integers with
+// power-of-two routing weights, for which the GEMMs are exact in FP32.
+struct GemmInputs {
+  std::vector<ref::bf16> x, w13, w2;  // [T,H], [E,2F,H], [E,H,F]
+  std::vector<float> weights;         // [T*k]
+};
+inline GemmInputs make_gemm_inputs(const MoeShape& s, std::mt19937_64& rng, bool small_ints) {
+  GemmInputs in;
+  const size_t nx = size_t(s.tokens * s.hidden), n13 = size_t(s.experts * 2 * s.inter * s.hidden),
+               n2 = size_t(s.experts * s.hidden * s.inter);
+  in.x = small_ints ? small_int_bf16(nx, rng, 2) : random_bf16(nx, rng);
+  in.w13 = small_ints ? small_int_bf16(n13, rng, 1) : random_bf16(n13, rng, 1.0f / std::sqrt(float(s.hidden)));
+  in.w2 = small_ints ? small_int_bf16(n2, rng, 2) : random_bf16(n2, rng, 1.0f / std::sqrt(float(s.inter)));
+  in.weights.resize(size_t(s.tokens * s.topk));
+  for (auto& w : in.weights) w = small_ints ? std::ldexp(1.0f, int(rng() % 5) - 2) : float(rng() % 1000) / 1000.0f + 0.01f;
+  return in;
 }
 
 inline std::vector<double> to_double(const std::vector<ref::bf16>& v) {

@@ -201,16 +201,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
 
 int run_bench(const BenchArgs& args, const std::string& command) {
   const LayerSpec spec = resolve_layer(args.layer);  // option errors first, GPU or not
-  const GpuProbe gpu = probe_gpu();
-  if (gpu.kind != GpuKind::hopper) {
-    std::fprintf(stderr,
-                 "moekit bench needs an NVIDIA Hopper GPU (sm_90a: H100 or H200).\n"
-                 "  %s: %s.\n"
-                 "  On this machine, `moekit check` runs the CPU oracle instead.\n",
-                 gpu.kind == GpuKind::none ? "No CUDA device found" : "This GPU is not supported",
-                 gpu.detail.c_str());
-    return kExitNoGpu;
-  }
+  if (!require_hopper("bench", "", "On this machine, `moekit check` runs the CPU oracle instead.")) return kExitNoGpu;
   if (args.tokens.empty()) throw Error("--tokens: give at least one token count");
   const DeviceInfo dev = query_device();
   Stream stream;

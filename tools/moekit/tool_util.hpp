@@ -116,6 +116,17 @@ inline GpuProbe probe_gpu() {
   return p;
 }
 
+// bench and tune: true on a Hopper GPU; else says plainly what the command needs and what runs
+// here instead (on stderr), and the caller exits with kExitNoGpu.
+inline bool require_hopper(const char* command, const char* why, const char* instead) {
+  const GpuProbe gpu = probe_gpu();
+  if (gpu.kind == GpuKind::hopper) return true;
+  std::fprintf(stderr, "moekit %s needs an NVIDIA Hopper GPU (sm_90a: H100 or H200)%s.\n  %s: %s.\n  %s\n", command, why,
+               gpu.kind == GpuKind::none ? "No CUDA device found" : "This GPU is not supported", gpu.detail.c_str(),
+               instead);
+  return false;
+}
+
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());

@@ -203,15 +203,9 @@ int run_tune(const TuneArgs& args, const std::string& command) {
   std::vector<int64_t> sorted = args.tokens;
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) throw Error("--tokens: a token count is given twice");
-  const GpuProbe gpu = probe_gpu();
-  if (gpu.kind != GpuKind::hopper) {
-    std::fprintf(stderr,
-                 "moekit tune needs an NVIDIA Hopper GPU (sm_90a: H100 or H200): it times candidate configs on the device.\n"
-                 "  %s: %s.\n"
-                 "  Without a table, plan_forward uses its heuristic; `moekit check` runs the CPU oracle here.\n",
-                 gpu.kind == GpuKind::none ? "No CUDA device found" : "This GPU is not supported", gpu.detail.c_str());
+  if (!require_hopper("tune", ": it times candidate configs on the device",
+                      "Without a table, plan_forward uses its heuristic; `moekit check` runs the CPU oracle here."))
     return kExitNoGpu;
-  }
   const DeviceInfo dev = query_device();
   const std::string out = args.out.empty() ? "configs/" + tuning::device_slug(dev.name) + ".json" : args.out;
   // Read the table first: a file for another GPU, or a malformed one, stops before any timing.
