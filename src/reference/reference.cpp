@@ -53,6 +53,34 @@ std::vector<float> router_logits(const bf16* x, const void* w_gate, DType w_gate
   return logits;
 }
 
+int64_t logits_beyond_bound(const float* got, const bf16* x, const bf16* w_gate, int64_t tokens, int64_t hidden,
+                            int64_t experts, std::string* first) {
+  const std::vector<float> want = router_logits(x, w_gate, DType::bf16, tokens, hidden, experts);
+  std::vector<int64_t> beyond(size_t(tokens), 0);
+  std::vector<std::string> what(static_cast<size_t>(tokens));
+  parallel_for(tokens, [&](int64_t t) {
+    for (int64_t e = 0; e < experts; ++e) {
+      double mag = 0.0;
+      for (int64_t h = 0; h < hidden; ++h)
+        mag += std::fabs(double(to_float(x[t * hidden + h])) * double(to_float(w_gate[e * hidden + h])));
+      const size_t i = size_t(t * experts + e);
+      const double err = std::fabs(double(got[i]) - double(want[i]));
+      if (!(err <= kTensorCoreLogitTol * mag)) {  // NaN fails too
+        if (beyond[size_t(t)]++ == 0)
+          what[size_t(t)] = "token " + std::to_string(t) + " expert " + std::to_string(e) + ": got " +
+                            std::to_string(got[i]) + ", oracle " + std::to_string(want[i]) + ", bound " +
+                            std::to_string(kTensorCoreLogitTol * mag);
+      }
+    }
+  });
+  int64_t n = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (n == 0 && beyond[size_t(t)] > 0 && first != nullptr) *first = what[size_t(t)];
+    n += beyond[size_t(t)];
+  }
+  return n;
+}
+
 namespace {
 // Index of the best candidate among `allowed` entries by canon::ranks_before, or -1.
 int best_of(const float* v, const std::vector<bool>& allowed, int n) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "moekit/moe.hpp"
@@ -23,6 +24,15 @@ bf16 to_bf16(float f);
 // w_gate is bf16 bits or f32, as `w_gate_dtype` says.
 std::vector<float> router_logits(const bf16* x, const void* w_gate, DType w_gate_dtype,
                                  int64_t tokens, int64_t hidden, int64_t experts);
+
+// The tensor-core router (a bf16 w_gate with a logits scratch: route(), moe_forward) sums in
+// another fixed order: its logits are checked against router_logits within
+// |got - want| <= kTensorCoreLogitTol * sum_i |x_i * w_i| per entry, and its selection is
+// checked bitwise as route() of its own logits. Returns the entries beyond the bound; `first`
+// (if given) describes the first one.
+inline constexpr double kTensorCoreLogitTol = 1.0 / 4096;
+int64_t logits_beyond_bound(const float* got, const bf16* x, const bf16* w_gate, int64_t tokens, int64_t hidden,
+                            int64_t experts, std::string* first = nullptr);
 
 struct Routing {
   std::vector<int32_t> ids;    // [T, k]

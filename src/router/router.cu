@@ -2,9 +2,12 @@
 // (experts per lane, w_gate dtype).
 #include <nvtx3/nvToolsExt.h>
 
+#include <algorithm>
+
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/validate.hpp"
+#include "router/gate_gemm.cuh"
 #include "router/router.cuh"
 
 namespace moekit {
@@ -20,6 +23,39 @@ void launch(const kernels::router::Params& p, DType w_dtype, cudaStream_t stream
     detail::launch_pdl("router_kernel", kernels::router::router_kernel<EPL, __nv_bfloat16>, grid, block, 0, stream, p);
   else
     detail::launch_pdl("router_kernel", kernels::router::router_kernel<EPL, float>, grid, block, 0, stream, p);
+}
+
+// Logits of a bf16 w_gate on the tensor cores (gate_gemm.cuh). The tile instance follows T and E
+// only for speed: every instance sums each logit in the same order.
+template <int MT, int NT>
+void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
+  namespace kr = kernels::router;
+  constexpr int64_t kRows = MT * 16;
+  // Token tiles on grid y (at most 65535): larger T is launched in chunks.
+  constexpr int64_t kChunk = 65535 * kRows;
+  using Tile = kr::GateTile<MT, NT>;
+  auto kernel = kr::gate_logits_kernel<MT, NT>;
+  // Once per instance (as the GEMMs): allow its dynamic shared memory.
+  static const bool smem_ready = [&] {
+    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
+    return true;
+  }();
+  (void)smem_ready;
+  const unsigned e_tiles = unsigned((p.experts + NT * 8 - 1) / (NT * 8));
+  for (int64_t t0 = 0; t0 < p.tokens; t0 += kChunk) {
+    kr::GateParams c = p;
+    c.tokens = std::min(kChunk, p.tokens - t0);
+    c.x = p.x + t0 * p.hidden;
+    c.logits = p.logits + t0 * p.experts;
+    const dim3 grid(e_tiles * kr::kGateSlices, unsigned((c.tokens + kRows - 1) / kRows));
+    detail::launch_pdl("gate_logits_kernel", kernel, grid, dim3(32 * kr::kGateWarps), size_t(Tile::kSmemBytes), stream, c);
+  }
+}
+
+void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
+  if (p.tokens <= 16) launch_gate<1, 1>(p, stream);
+  else if (p.experts <= 8) launch_gate<2, 1>(p, stream);
+  else launch_gate<2, 4>(p, stream);
 }
 }  // namespace
 
@@ -84,14 +120,14 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
   p.routed_scaling_factor = opt.routed_scaling_factor;
 
   nvtxRangePushA("moekit.route");
-  if (use_scratch) {  // logits over many CTAs first, then selection from them
+  if (use_scratch) {  // logits over many CTAs first (bf16: tensor cores; f32: CUDA cores), then selection
     // Token tiles on x (up to 2^31 - 1), expert groups on y (E/4 <= 128).
     const dim3 grid(unsigned((T + kernels::router::kLogitTokens - 1) / kernels::router::kLogitTokens),
                     unsigned((E + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock));
     const dim3 block(32 * kernels::router::kWarpsPerBlock);
     float* out = logits_scratch.as<float>();
     if (w_gate.dtype == DType::bf16)
-      detail::launch_pdl("logits_kernel", kernels::router::logits_kernel<__nv_bfloat16>, grid, block, 0, stream, p, out);
+      launch_gate({p.x, w_gate.as<const __nv_bfloat16>(), out, T, p.hidden, p.experts}, stream);
     else
       detail::launch_pdl("logits_kernel", kernels::router::logits_kernel<float>, grid, block, 0, stream, p, out);
     p.logits = logits_scratch.as<const float>();

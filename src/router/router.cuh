@@ -50,6 +50,22 @@ __device__ __forceinline__ Cand warp_best(Cand c) {
   return c;
 }
 
+// canon::ranks_before as an unsigned order: a larger key ranks first. Numbers map to [2, 2^32)
+// in numeric order (-0 is +0: they tie), NaN to 1 (below every number, NaNs tie), and 0 is
+// "not selectable". Ties between keys go to the lower expert id, as in ranks_before.
+__device__ __forceinline__ uint32_t rank_key(float v) {
+  if (v != v) return 1u;
+  if (v == 0.0f) v = 0.0f;
+  const uint32_t u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+// The score a key of 2 or more came from (a NaN for 1): exact, so sums of keyed scores are the
+// oracle's sums (up to the sign of a zero, which ranks the same).
+__device__ __forceinline__ float key_value(uint32_t k) {
+  if (k < 2u) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
 // One 8-element chunk of a w_gate row (bf16 or f32) as floats: 16 or 32 bytes in one or two loads.
 template <class WT>
 __device__ __forceinline__ void load_chunk8(const WT* src, float (&w)[8]) {
@@ -190,57 +206,85 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
   }
 
   // 3. grouped top-k: keep the topk_group best groups (top-2 sum with a bias, else the max).
-  uint32_t keep_groups = 0xffffffffu;
-  int group_size = E;
+  // Selection runs on rank keys (rank_key): a larger key ranks first, exactly as ranks_before.
+  uint32_t key[EPL];
+#pragma unroll
+  for (int i = 0; i < EPL; ++i) key[i] = i * 32 + lane < E ? rank_key(choice[i]) : 0u;
   if (p.n_group > 0) {
-    group_size = E / p.n_group;
+    const int group_size = E / p.n_group;
+    uint32_t keep_groups = 0;
+    if (group_size == 32) {
+      // Group g is register g of every lane: its best two are warp reductions.
+      uint32_t gkey[EPL];
+#pragma unroll
+      for (int i = 0; i < EPL; ++i) {
+        gkey[i] = 0u;
+        if (i < p.n_group) {
+          const uint32_t k1 = __reduce_max_sync(dev::kFullMask, key[i]);
+          const unsigned first = __reduce_min_sync(dev::kFullMask, key[i] == k1 ? unsigned(lane) : 32u);
+          const uint32_t k2 = __reduce_max_sync(dev::kFullMask, unsigned(lane) == first ? 0u : key[i]);
+          const float g = p.score_bias != nullptr ? canon::add(key_value(k1), key_value(k2)) : key_value(k1);
+          gkey[i] = rank_key(g);
+        }
+      }
+      for (int j = 0; j < p.topk_group; ++j) {  // uniform over the warp: no shuffles
+        uint32_t kb = 0u;
+        int gb = 0;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i)
+          if (gkey[i] > kb) kb = gkey[i], gb = i;
+        keep_groups |= 1u << gb;
+#pragma unroll
+        for (int i = 0; i < EPL; ++i)
+          if (i == gb) gkey[i] = 0u;
+      }
+    } else {
+      // Any other group size: lane g scans group g from shared memory.
+#pragma unroll
+      for (int i = 0; i < EPL; ++i)
+        if (i * 32 + lane < E) s_choice[warp][i * 32 + lane] = choice[i];
+      __syncwarp();
+      Cand g{0.0f, -1};
+      if (lane < p.n_group) {
+        const float* c = s_choice[warp] + lane * group_size;
+        Cand a{0.0f, -1}, b{0.0f, -1};
+        for (int q = 0; q < group_size; ++q) {
+          const Cand x{c[q], q};
+          if (cand_before(x, a)) b = a, a = x;
+          else if (cand_before(x, b)) b = x;
+        }
+        g = {(p.score_bias != nullptr && group_size >= 2) ? canon::add(a.v, b.v) : a.v, lane};
+      }
+      for (int j = 0; j < p.topk_group; ++j) {
+        const Cand best = warp_best(g);
+        keep_groups |= 1u << best.e;
+        if (lane == best.e) g.e = -1;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < EPL; ++i)
-      if (i * 32 + lane < E) s_choice[warp][i * 32 + lane] = choice[i];
-    __syncwarp();
-    Cand g{0.0f, -1};
-    if (lane < p.n_group) {
-      const float* c = s_choice[warp] + lane * group_size;
-      Cand a{0.0f, -1}, b{0.0f, -1};
-      for (int q = 0; q < group_size; ++q) {
-        const Cand x{c[q], q};
-        if (cand_before(x, a)) b = a, a = x;
-        else if (cand_before(x, b)) b = x;
-      }
-      g = {(p.score_bias != nullptr && group_size >= 2) ? canon::add(a.v, b.v) : a.v, lane};
-    }
-    keep_groups = 0;
-    for (int j = 0; j < p.topk_group; ++j) {
-      const Cand best = warp_best(g);
-      keep_groups |= 1u << best.e;
-      if (lane == best.e) g.e = -1;
-    }
+      if (!((keep_groups >> ((i * 32 + lane) / group_size)) & 1u)) key[i] = 0u;
   }
 
-  // 4. top-k over the allowed experts, best first.
-  uint32_t taken = 0;  // bit i: expert i*32+lane chosen or not allowed
-#pragma unroll
-  for (int i = 0; i < EPL; ++i) {
-    const int e = i * 32 + lane;
-    if (e >= E || !((keep_groups >> (e / group_size)) & 1u)) taken |= 1u << i;
-  }
+  // 4. top-k over the allowed experts, best first: the lane's best key (lowest i on a tie), the
+  // warp's best key, and of the lanes holding it the lowest expert id.
   float sum = 0.0f;
   for (int j = 0; j < p.topk; ++j) {
-    Cand c{0.0f, -1};
+    uint32_t kb = 0u;
+    int ib = 0;
 #pragma unroll
-    for (int i = 0; i < EPL; ++i) {
-      const Cand x{choice[i], i * 32 + lane};
-      if (!((taken >> i) & 1u) && cand_before(x, c)) c = x;
-    }
-    const Cand best = warp_best(c);
+    for (int i = 0; i < EPL; ++i)
+      if (key[i] > kb) kb = key[i], ib = i;
+    const uint32_t kmax = __reduce_max_sync(dev::kFullMask, kb);
+    const int best = int(__reduce_min_sync(dev::kFullMask, kb == kmax ? unsigned(ib * 32 + lane) : 0xffffffffu));
     float w = 0.0f;
 #pragma unroll
     for (int i = 0; i < EPL; ++i)
-      if (i * 32 + lane == best.e) taken |= 1u << i, w = score[i];
-    w = __shfl_sync(dev::kFullMask, w, best.e & 31);
+      if (i * 32 + lane == best) key[i] = 0u, w = score[i];
+    w = __shfl_sync(dev::kFullMask, w, best & 31);
     sum = canon::add(sum, w);
     if (lane == 0) {
-      p.topk_ids[t * p.topk + j] = best.e;
+      p.topk_ids[t * p.topk + j] = best;
       s_weight[warp][j] = w;
     }
   }

@@ -1,5 +1,9 @@
 // router_test.cu — stage 1 on the GPU against the CPU oracle, bitwise: ids and weights equal.
+// (Tensor-core logits — a bf16 w_gate with a scratch — are bounded against the oracle's, and the
+// selection is bitwise from them.)
 #include <cmath>
+#include <cstring>
+#include <string>
 
 #include "gpu_util.hpp"
 
@@ -58,6 +62,17 @@ class RouterTest : public GpuTest {
             Tensor(d_w.ptr, DType::f32, {c.T, c.k}), stream,
             scratch ? Tensor(d_scratch.ptr, DType::f32, {c.T, c.E}) : Tensor());
       MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      if (scratch && !c.w_gate_f32) {
+        // Tensor-core logits: within the bound of the oracle's, and the selection bitwise the
+        // oracle's selection from those logits.
+        const std::vector<float> got = d_scratch.download();
+        std::string first;
+        EXPECT_EQ(ref::logits_beyond_bound(got.data(), x.data(), wg_bf16.data(), c.T, c.H, c.E, &first), 0) << first;
+        RouterCase given = c;
+        given.logits_given = true;
+        expect_equal(given, got, bias, opt, d_ids.download(), d_w.download(), x, wg_bf16, wg_f32);
+        continue;
+      }
       expect_equal(c, logits, bias, opt, d_ids.download(), d_w.download(), x, wg_bf16, wg_f32);
     }
   }
@@ -92,6 +107,48 @@ TEST_F(RouterTest, LogitsFromXAndWGate) {
   check({21, 2048, 128, 8, Scoring::softmax, true, false, false, true, 0, 0, 1.0f});   // f32 w_gate
   check({5, 7168, 256, 8, Scoring::sigmoid, true, true, false, false, 8, 4, 2.5f});    // deepseek-like
   check({3, 72, 40, 3, Scoring::softmax, false, false, false, false, 0, 0, 1.0f});      // H not /256
+}
+
+// Every tile instance of the tensor-core logits (T <= 16; E <= 8; larger) on the model shapes,
+// H not a multiple of a step or a slice, and experts not a multiple of a tile.
+TEST_F(RouterTest, TensorCoreLogitsEveryInstance) {
+  for (int64_t T : {1, 2, 16, 17, 100})
+    for (int64_t H : {4096, 2056, 72, 8}) {
+      check({T, H, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
+      check({T, H, 40, 3, Scoring::softmax, false, false, false, false, 0, 0, 1.0f});
+    }
+  check({33, 7168, 256, 8, Scoring::sigmoid, true, true, false, false, 8, 4, 2.5f});
+  check({70, 2048, 128, 8, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
+  check({9, 1024, 512, 16, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
+}
+
+// A token's tensor-core logits do not depend on the batch: the same rows give bitwise the same
+// logits at T = 1, 16 (decode tile), 17 and 300 (prefill tiles), and on a second run.
+TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
+  for (int64_t E : {8, 64, 256}) {
+    const int64_t H = 2048, Tmax = 300;
+    std::mt19937_64 rng(fresh_seed());
+    const auto x = random_bf16(size_t(Tmax * H), rng);
+    const auto wg = random_bf16(size_t(E * H), rng, 1.0f / std::sqrt(float(H)));
+    DeviceBuffer<ref::bf16> d_x(x), d_wg(wg);
+    DeviceBuffer<int32_t> d_ids(size_t(Tmax * 2));
+    DeviceBuffer<float> d_w(size_t(Tmax * 2)), d_logits(size_t(Tmax * E));
+    std::vector<float> first;
+    for (int64_t T : {int64_t(300), int64_t(1), int64_t(16), int64_t(17), int64_t(300)}) {
+      SCOPED_TRACE("E=" + std::to_string(E) + " T=" + std::to_string(T));
+      d_logits.poison();
+      route(Tensor(d_x.ptr, DType::bf16, {T, H}), Tensor(d_wg.ptr, DType::bf16, {E, H}), Tensor(), Tensor(),
+            RouterOptions{}, Tensor(d_ids.ptr, DType::i32, {T, 2}), Tensor(d_w.ptr, DType::f32, {T, 2}), stream,
+            Tensor(d_logits.ptr, DType::f32, {T, E}));
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const std::vector<float> got = d_logits.download();
+      if (first.empty()) {
+        first = got;
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(got.data(), first.data(), size_t(T * E) * 4), 0) << "logits differ from the T=300 run";
+    }
+  }
 }
 
 TEST_F(RouterTest, SigmoidBiasGroupedScaled) {

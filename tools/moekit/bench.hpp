@@ -97,6 +97,7 @@ class ForwardOracle {
   bool ids_in_range_ = true;
   std::vector<int64_t> tokens_;    // sampled tokens, ascending
   int64_t route_mismatches_ = 0;
+  int64_t logits_beyond_bound_ = 0;  // tensor-core logits outside ref::kTensorCoreLogitTol
   std::string first_mismatch_;
   int64_t experts_copied_ = 0;
   std::vector<double> y_ref_;      // [tokens, H]: the oracle's y of the sampled tokens

@@ -70,7 +70,14 @@ ForwardOracle::ForwardOracle(const GpuLayer& layer, const MoeShape& shape, const
   for (int64_t i = 0; i < n; ++i) to_host(xs.data() + i * H, at(x, tokens_[size_t(i)] * H * 2), H * 2);
   to_host(wg.data(), layer.w_gate(0).data, E * H * 2);
   const std::vector<float>& bias = layer.score_bias_host();
-  const std::vector<float> logits = ref::router_logits(xs.data(), wg.data(), DType::bf16, n, H, E);
+  // The layer's logits (tensor cores, in the workspace) must be within the oracle's bound; the
+  // oracle's selection then runs on them, so the routing compares bitwise.
+  std::vector<float> logits(size_t(n * E));
+  for (int64_t i = 0; i < n; ++i)
+    to_host(logits.data() + i * E, at(ws.router_logits, tokens_[size_t(i)] * E * 4), E * 4);
+  std::string logit_error;
+  logits_beyond_bound_ = ref::logits_beyond_bound(logits.data(), xs.data(), wg.data(), n, H, E, &logit_error);
+  if (logits_beyond_bound_ > 0) first_mismatch_ = "logits beyond the tensor-core bound: " + logit_error;
   const ref::Routing want = ref::route(logits.data(), bias.empty() ? nullptr : bias.data(), n, E, k, layer.spec().router);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t t = tokens_[size_t(i)];
@@ -154,6 +161,9 @@ ForwardCheck ForwardOracle::check(const Workspace& ws, const Tensor& y, cudaStre
   if (r.route_mismatches > 0)
     failures.push_back(std::to_string(r.route_mismatches) + " of " + std::to_string(n) +
                        " sampled tokens route differently from the oracle (bitwise), e.g. " + first_mismatch_);
+  if (logits_beyond_bound_ > 0)
+    failures.push_back(std::to_string(logits_beyond_bound_) + " router logits of the sampled tokens are beyond the bound (" +
+                       first_mismatch_ + ")");
   if (!same_routing)
     failures.push_back("routing differs (bitwise) from the run the oracle was computed from: the router is not deterministic");
 

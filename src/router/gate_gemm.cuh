@@ -1,0 +1,228 @@
+// gate_gemm.cuh — router logits x·w_gateᵀ on the tensor cores, for a bf16 w_gate: mma.sync
+// m16n8k16, exact bf16 products, FP32 accumulation.
+//
+// One logit's summation order is fixed by H alone, never by T or the tile instance:
+//   - H is cut into kGateSlices slices of gate_slice_width(H) columns (a multiple of 32);
+//   - within a slice, 32-column steps go round-robin to kGateWarps warps (step s to warp
+//     s % kGateWarps), each warp accumulating its steps in ascending order on the tensor cores;
+//   - the warp partials are added in warp order, then the slice partials in slice order.
+// So logits are deterministic and batch-invariant (a token's logits do not depend on the other
+// tokens of the batch). They are not the CPU oracle's FP32 order: tests bound the difference,
+// and the selection from them (router_kernel) is bitwise the oracle's selection from them.
+//
+// Work: a cluster of kGateSlices CTAs owns MT·16 tokens × NT·8 experts; CTA r of the cluster
+// computes slice r, and the slice partials meet through distributed shared memory. Decode
+// (T ≤ 16) spreads w_gate over E/8 × 8 CTAs, each with all its loads in flight at once; prefill
+// tiles are larger so x and w_gate are re-read from L2 less often.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/device.cuh"
+
+namespace moekit::kernels::router {
+
+constexpr int kGateSlices = 8;  // CTAs per cluster, one H slice each
+constexpr int kGateWarps = 8;   // warps per CTA
+constexpr int kGateStep = 32;   // columns of one warp step: 8 per lane of a quad (one 16-byte load)
+
+// Columns of each slice: ceil(H / slices), rounded up to whole steps.
+__host__ __device__ constexpr int64_t gate_slice_width(int64_t hidden) {
+  return (hidden + int64_t(kGateSlices) * kGateStep - 1) / (int64_t(kGateSlices) * kGateStep) * kGateStep;
+}
+
+struct GateParams {
+  const __nv_bfloat16* x;       // [T, H]
+  const __nv_bfloat16* w_gate;  // [E, H]
+  float* logits;                // [T, E]
+  int64_t tokens, hidden;
+  int experts;
+};
+
+__device__ __forceinline__ void gate_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Loads go through shared memory with cp.async: every load of a batch is issued before any is
+// waited for (register loads issued in order behind an MMA would wait for the MMA's operands:
+// one memory round trip per MMA group instead of one per batch). Out-of-range chunks are
+// zero-filled (source size 0).
+__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(src), "r"(ok ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// u32 j (0..3) of a 16-byte vector.
+__device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// MT: 16-token row tiles per CTA; NT: 8-expert column tiles per CTA.
+// Dynamic shared memory of an instance: the per-warp load staging, which the warp partials
+// reuse after the main loop.
+template <int MT, int NT>
+struct GateTile {
+  static constexpr int kRows = MT * 16, kCols = NT * 8;
+  // Steps a warp keeps in flight (loads issued together, then the MMAs): decode tiles are bound
+  // by load latency, larger tiles by registers.
+  static constexpr int kUnroll = MT * NT == 1 ? 4 : 2;
+  static constexpr int kChunks = NT + 2 * MT;                           // 16-byte loads per lane per step
+  static constexpr int kStageBytes = kUnroll * kChunks * 32 * 16;       // per warp
+  static constexpr int kPartialBytes = kRows * kCols * 4;               // per warp
+  static constexpr int kWarpBytes = kStageBytes > kPartialBytes ? kStageBytes : kPartialBytes;
+  static constexpr int kSmemBytes = kGateWarps * kWarpBytes;
+};
+
+// MT: 16-token row tiles per CTA; NT: 8-expert column tiles per CTA.
+template <int MT, int NT>
+__global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGateWarps)
+    gate_logits_kernel(GateParams p) {
+  namespace cg = cooperative_groups;
+  using Tile = GateTile<MT, NT>;
+  constexpr int kRows = Tile::kRows, kCols = Tile::kCols, kUnroll = Tile::kUnroll;
+  extern __shared__ __align__(16) unsigned char gate_smem[];
+  __shared__ float s_slice[kRows][kCols];  // this slice's partial, read by the cluster
+
+  const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
+  const int g = lane >> 2, q = lane & 3;  // the mma fragment's row group and quad lane
+  unsigned char* my_smem = gate_smem + warp * Tile::kWarpBytes;
+  // Staging: [u][chunk][lane] 16-byte slots; chunk nt (w rows) then NT + 2*mt + h (x rows).
+  const uint32_t stage = uint32_t(__cvta_generic_to_shared(my_smem));
+  auto slot = [&](int u, int chunk) { return stage + uint32_t(((u * Tile::kChunks + chunk) * 32 + lane) * 16); };
+  const int slice = int(blockIdx.x % kGateSlices);
+  const int e0 = int(blockIdx.x / kGateSlices) * kCols;
+  const int64_t t0 = int64_t(blockIdx.y) * kRows;
+  const int64_t H = p.hidden;
+  const int64_t width = gate_slice_width(H);
+  const int64_t k_begin = slice * width, k_end = min(H, k_begin + width);
+  const int64_t steps = k_end > k_begin ? (k_end - k_begin + kGateStep - 1) / kGateStep : 0;
+
+  // Rows this lane loads: tokens t0 + mt*16 + g (+8), experts e0 + nt*8 + g.
+  const __nv_bfloat16* xr[MT][2];
+  bool xok[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t t = t0 + mt * 16 + g + 8 * h;
+      xok[mt][h] = t < p.tokens;
+      xr[mt][h] = p.x + (xok[mt][h] ? t : 0) * H + q * 8;
+    }
+  const __nv_bfloat16* wr[NT];
+  bool wok[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int e = e0 + nt * 8 + g;
+    wok[nt] = e < p.experts;
+    wr[nt] = p.w_gate + int64_t(wok[nt] ? e : 0) * H + q * 8;
+  }
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+
+  // w_gate is a weight: no moekit kernel writes it, so the first batch of its loads goes out
+  // before the wait for the previous kernel (PDL); x may be that kernel's output.
+  bool waited = false;
+  for (int64_t s0 = warp; s0 < steps; s0 += int64_t(kGateWarps) * kUnroll) {
+    __syncwarp();  // the previous batch's slots have been read by every lane
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k_begin + (s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8;
+      const bool in = s0 + int64_t(u) * kGateWarps < steps && k < k_end;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) cp_async16(slot(u, nt), wr[nt] + (k - q * 8), in && wok[nt]);
+    }
+    if (!waited) {
+      dev::pdl_enter();
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k_begin + (s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8;
+      const bool in = s0 + int64_t(u) * kGateWarps < steps && k < k_end;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) cp_async16(slot(u, NT + 2 * mt + h), xr[mt][h] + (k - q * 8), in && xok[mt][h]);
+    }
+    cp_async_wait_all();  // each lane reads back only its own slots
+    // A lane's 8 columns feed two k16 MMAs: columns 0-3 are the fragment's k slots {2q, 2q+1,
+    // 2q+8, 2q+9} of the first, columns 4-7 of the second. A and B use the same assignment, so
+    // each MMA still pairs x[t][c] with w[e][c].
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      uint4 wv[NT], xv[MT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) wv[nt] = *reinterpret_cast<const uint4*>(my_smem + (slot(u, nt) - stage));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          xv[mt][h] = *reinterpret_cast<const uint4*>(my_smem + (slot(u, NT + 2 * mt + h) - stage));
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+            gate_mma(acc[mt][nt], word(xv[mt][0], 2 * j), word(xv[mt][1], 2 * j), word(xv[mt][0], 2 * j + 1),
+                     word(xv[mt][1], 2 * j + 1), word(wv[nt], 2 * j), word(wv[nt], 2 * j + 1));
+    }
+  }
+  if (!waited) dev::pdl_enter();
+  __syncwarp();  // staging reads done before the partials overwrite it
+
+  // Warp partials -> shared memory (C fragment: c0,c1 row g cols 2q,2q+1; c2,c3 row g+8).
+  float (*part)[kCols] = reinterpret_cast<float (*)[kCols]>(my_smem);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int r = mt * 16 + g, c = nt * 8 + 2 * q;
+      part[r][c] = acc[mt][nt][0];
+      part[r][c + 1] = acc[mt][nt][1];
+      part[r + 8][c] = acc[mt][nt][2];
+      part[r + 8][c + 1] = acc[mt][nt][3];
+    }
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) {
+    const int r = i / kCols, c = i % kCols;
+    auto partial = [&](int w) {
+      return reinterpret_cast<const float*>(gate_smem + w * Tile::kWarpBytes)[r * kCols + c];
+    };
+    float v = partial(0);
+#pragma unroll
+    for (int w = 1; w < kGateWarps; ++w) v = canon::add(v, partial(w));
+    s_slice[r][c] = v;
+  }
+
+  // Slice partials, in slice order: CTA r of the cluster sums and stores every kGateSlices-th
+  // element of the tile, reading the other CTAs' s_slice.
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const unsigned rank = cluster.block_rank();
+  for (int i = int(rank) * 32 * kGateWarps + int(threadIdx.x); i < kRows * kCols; i += kGateSlices * 32 * kGateWarps) {
+    const int r = i / kCols, c = i % kCols;
+    const int64_t t = t0 + r;
+    const int e = e0 + c;
+    float v = *cluster.map_shared_rank(&s_slice[r][c], 0);
+#pragma unroll
+    for (int sl = 1; sl < kGateSlices; ++sl) v = canon::add(v, *cluster.map_shared_rank(&s_slice[r][c], sl));
+    if (t < p.tokens && e < p.experts) p.logits[t * p.experts + e] = v;
+  }
+  cluster.sync();  // no CTA leaves while another still reads its s_slice
+}
+
+}  // namespace moekit::kernels::router
