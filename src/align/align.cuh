@@ -1,11 +1,18 @@
 // align.cuh — stage 2: the expert-sorted, block_m-padded order of all T*k assignments, in one
 // CTA and one launch, with no host sync.
 //
-// Warp w owns a contiguous segment of the assignments. Pass 1: each warp counts its segment
-// per expert (a warp-private row of s_counts, match_any groups equal ids). Scan: per-expert
-// totals, padded starts, and each warp's first slot per expert (warps in order). Pass 2: each
-// warp walks its segment again and writes each assignment at its slot. Segments in warp order
-// and ranks in lane order make the order inside an expert ascending: the sort is stable.
+// The assignments are cut into rounds of 32 (one id per lane); each active warp owns a
+// contiguous segment of rounds. Pass 1: each active warp counts its segment per expert into a
+// warp-private row of s_rows (match_any groups equal ids). Totals: thread e sums column e over
+// the active rows and leaves there each warp's first slot relative to the expert's start.
+// Scan: a block-wide exclusive scan of the padded totals gives each expert's start. Fill:
+// padding rows and block_expert, a warp per expert. Pass 2: each warp walks its segment again
+// and writes each assignment at its slot. Segments in warp order and ranks in lane order make
+// the order inside an expert ascending: the sort is stable.
+//
+// NOTES: decode has T*k of 2..512, so the kernel is a chain of latencies, not a bandwidth
+// problem: only ceil(T*k/32) warps (at most 32) take part in the passes and the column sums,
+// and every phase is done by all threads in parallel (no serial walk over 32 warp rows).
 #pragma once
 
 #include <cstdint>
@@ -29,109 +36,148 @@ struct Params {
 
 constexpr int kWarps = 32;
 constexpr int kThreads = 32 * kWarps;
+// Rounds of 32 ids a warp loads before it processes them (in order): their loads overlap when a
+// segment is longer than one round (T*k > 1024).
+constexpr int kRoundsInFlight = 4;
+static_assert(kThreads >= kMaxExperts, "align: a thread per expert in the totals and the scan");
 
-// Dynamic shared memory: s_counts[kWarps][E] then s_start[E+1].
-inline size_t smem_bytes(int experts) { return size_t(kWarps * experts + experts + 1) * 4; }
+// Dynamic shared memory: s_rows[kWarps][E], s_start[E+1], s_total[E].
+inline size_t smem_bytes(int experts) { return size_t(kWarps * experts + 2 * experts + 1) * 4; }
+
+// The warp's segment [begin, end) of the assignments, as rounds of 32; empty for inactive warps.
+struct Segment {
+  int64_t begin, end;
+  int active_warps;
+};
+__device__ __forceinline__ Segment warp_segment(int64_t n, int warp) {
+  const int64_t rounds = (n + 31) / 32;
+  const int64_t rounds_per_warp = (rounds + kWarps - 1) / kWarps;
+  Segment s;
+  s.active_warps = rounds == 0 ? 0 : int((rounds + rounds_per_warp - 1) / rounds_per_warp);
+  s.begin = min(n, int64_t(warp) * rounds_per_warp * 32);
+  s.end = min(n, s.begin + rounds_per_warp * 32);
+  return s;
+}
+
+// Walks the segment in rounds of 32, kRoundsInFlight rounds' loads at a time. For each round:
+// every lane's expert e (-1: past the end or out of range), peers (lanes of the round with the
+// same e), rank (peers below this lane), and row[e] before the round; then the peers' leader
+// adds their count to row[e]. visit(a, e, row_before + rank) is called for every valid a.
+template <class Visit>
+__device__ __forceinline__ bool walk_segment(const int32_t* __restrict__ topk_ids, int experts, const Segment& seg,
+                                             int32_t* row, Visit visit) {
+  const int lane = dev::lane_id();
+  bool out_of_range = false;
+  for (int64_t base = seg.begin; base < seg.end; base += 32 * kRoundsInFlight) {
+    int e[kRoundsInFlight];
+#pragma unroll
+    for (int i = 0; i < kRoundsInFlight; ++i) {
+      const int64_t a = base + i * 32 + lane;
+      e[i] = -1;
+      if (a < seg.end) {
+        e[i] = __ldg(topk_ids + a);
+        if (e[i] < 0 || e[i] >= experts) {
+          out_of_range = true;
+          e[i] = -1;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRoundsInFlight; ++i) {
+      if (base + i * 32 >= seg.end) break;  // warp-uniform
+      const unsigned peers = __match_any_sync(dev::kFullMask, e[i]);
+      const int rank = __popc(peers & ((1u << lane) - 1u));
+      const bool leader = lane == __ffs(peers) - 1;
+      if (e[i] >= 0) visit(base + i * 32 + lane, e[i], row[e[i]] + rank);
+      __syncwarp();
+      if (e[i] >= 0 && leader) row[e[i]] += __popc(peers);
+      __syncwarp();
+    }
+  }
+  return out_of_range;
+}
 
 __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   dev::pdl_enter();
   extern __shared__ int32_t smem[];
-  int32_t* s_counts = smem;                         // [kWarps][E]
-  int32_t* s_start = smem + kWarps * p.experts;     // [E + 1]
-  __shared__ int32_t s_status;
-  const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
   const int E = p.experts;
+  int32_t* s_rows = smem;                       // [kWarps][E]
+  int32_t* s_start = smem + kWarps * E;         // [E + 1]
+  int32_t* s_total = s_start + E + 1;           // [E]
+  __shared__ int32_t s_warp_sum[kWarps];
+  const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
+  const int tid = int(threadIdx.x);
   const int64_t n = p.num_assign;
-  const int64_t seg = (n + kWarps - 1) / kWarps;
-  const int64_t seg_begin = min(n, warp * seg), seg_end = min(n, seg_begin + seg);
-  int32_t* my_counts = s_counts + warp * E;
+  const Segment seg = warp_segment(n, warp);
+  int32_t* my_row = s_rows + warp * E;
 
-  if (threadIdx.x == 0) s_status = 0;
-  for (int e = lane; e < E; e += 32) my_counts[e] = 0;
-  __syncwarp();
-
-  // Pass 1: per-warp histogram.
-  for (int64_t base = seg_begin; base < seg_end; base += 32) {
-    const int64_t a = base + lane;
-    int e = -1;
-    if (a < seg_end) {
-      e = p.topk_ids[a];
-      if (e < 0 || e >= E) {
-        atomicOr(&s_status, kStatusExpertIdOutOfRange);
-        e = -1;
-      }
-    }
-    const unsigned peers = __match_any_sync(dev::kFullMask, e);
-    if (e >= 0 && lane == __ffs(peers) - 1) my_counts[e] += __popc(peers);
+  // Pass 1: per-warp histogram (active warps only; the others' rows are never read).
+  bool out_of_range = false;
+  if (warp < seg.active_warps) {
+    for (int e = lane; e < E; e += 32) my_row[e] = 0;
     __syncwarp();
+    out_of_range = walk_segment(p.topk_ids, E, seg, my_row, [](int64_t, int, int32_t) {});
+  }
+  // The barrier that ends pass 1 also ORs the out-of-range flags (no shared flag to reset).
+  const bool any_out_of_range = __syncthreads_or(out_of_range);
+  if (tid == 0) *p.status = any_out_of_range ? kStatusExpertIdOutOfRange : 0;
+
+  // Totals: thread e turns column e of the active rows into each warp's first slot relative to
+  // the expert's start (the loads are independent, so they go out together).
+  int32_t total = 0;
+  if (tid < E) {
+    int32_t c[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) c[w] = w < seg.active_warps ? s_rows[w * E + tid] : 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < seg.active_warps) s_rows[w * E + tid] = total;
+      total += c[w];
+    }
+    p.expert_counts[tid] = total;
+    s_total[tid] = total;
+  }
+
+  // Scan: exclusive prefix of the padded totals over the block (0 past E): warp scans, then
+  // every warp scans the warp sums itself (no second barrier).
+  const int32_t padded = (total + p.block_m - 1) / p.block_m * p.block_m;
+  int32_t incl = padded;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int32_t v = __shfl_up_sync(dev::kFullMask, incl, off);
+    if (lane >= off) incl += v;
+  }
+  if (lane == 31) s_warp_sum[warp] = incl;
+  __syncthreads();
+  const int32_t warp_sum = s_warp_sum[lane];
+  int32_t warps_incl = warp_sum;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int32_t v = __shfl_up_sync(dev::kFullMask, warps_incl, off);
+    if (lane >= off) warps_incl += v;
+  }
+  const int32_t warp_offset = __shfl_sync(dev::kFullMask, warps_incl - warp_sum, warp);
+  if (tid < E) s_start[tid] = warp_offset + incl - padded;
+  if (tid == E - 1) {
+    s_start[E] = warp_offset + incl;
+    *p.num_rows_padded = warp_offset + incl;
   }
   __syncthreads();
 
-  // Scan: totals, padded starts (warp 0, lane-blocked), per-warp first slots.
-  if (warp == 0) {
-    const int per_lane = (E + 31) / 32;
-    int32_t lane_sum = 0;
-    for (int i = 0; i < per_lane; ++i) {
-      const int e = lane * per_lane + i;
-      if (e >= E) break;
-      int32_t total = 0;
-      for (int w = 0; w < kWarps; ++w) total += s_counts[w * E + e];
-      p.expert_counts[e] = total;
-      s_start[e] = (total + p.block_m - 1) / p.block_m * p.block_m;  // padded, for now
-      lane_sum += s_start[e];
-    }
-    int32_t incl = lane_sum;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int32_t v = __shfl_up_sync(dev::kFullMask, incl, off);
-      if (lane >= off) incl += v;
-    }
-    int32_t run = incl - lane_sum;
-    for (int i = 0; i < per_lane; ++i) {
-      const int e = lane * per_lane + i;
-      if (e >= E) break;
-      const int32_t padded = s_start[e];
-      s_start[e] = run;
-      run += padded;
-    }
-    if (lane == 31) {
-      s_start[E] = incl;
-      *p.num_rows_padded = incl;
-    }
-  }
-  __syncthreads();
-  for (int e = int(threadIdx.x); e < E; e += kThreads) {
+  // Fill: padding rows (fewer than block_m per expert) and block_expert, a warp per expert;
+  // then block_expert = -1 past the last used block.
+  for (int e = warp; e < E; e += kWarps) {
     const int32_t start = s_start[e], end = s_start[e + 1];
-    int32_t slot = start;
-    for (int w = 0; w < kWarps; ++w) {
-      const int32_t c = s_counts[w * E + e];
-      s_counts[w * E + e] = slot;
-      slot += c;
-    }
-    for (int32_t r = slot; r < end; ++r) p.sorted_ids[r] = int32_t(n);  // padding rows
-    for (int32_t r = start; r < end; r += p.block_m) p.block_expert[r / p.block_m] = e;
+    for (int32_t r = start + s_total[e] + lane; r < end; r += 32) p.sorted_ids[r] = int32_t(n);
+    for (int32_t b = start / p.block_m + lane; b < end / p.block_m; b += 32) p.block_expert[b] = e;
   }
-  for (int64_t b = s_start[E] / p.block_m + threadIdx.x; b < p.max_blocks; b += kThreads)
-    p.block_expert[b] = -1;
-  __syncthreads();
+  for (int64_t b = s_start[E] / p.block_m + tid; b < p.max_blocks; b += kThreads) p.block_expert[b] = -1;
 
   // Pass 2: stable scatter of each warp's segment.
-  for (int64_t base = seg_begin; base < seg_end; base += 32) {
-    const int64_t a = base + lane;
-    int e = -1;
-    if (a < seg_end) {
-      e = p.topk_ids[a];
-      if (e < 0 || e >= E) e = -1;
-    }
-    const unsigned peers = __match_any_sync(dev::kFullMask, e);
-    const int rank = __popc(peers & ((1u << lane) - 1u));
-    if (e >= 0) p.sorted_ids[my_counts[e] + rank] = int32_t(a);
-    __syncwarp();
-    if (e >= 0 && lane == __ffs(peers) - 1) my_counts[e] += __popc(peers);
-    __syncwarp();
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) *p.status = s_status;
+  if (warp < seg.active_warps)
+    walk_segment(p.topk_ids, E, seg, my_row, [&](int64_t a, int e, int32_t slot) {
+      p.sorted_ids[s_start[e] + slot] = int32_t(a);
+    });
 }
 
 }  // namespace moekit::kernels::align

@@ -46,36 +46,71 @@ struct PartialParams {
   int topk, splits;
 };
 
+// The (j, s) terms are walked in the oracle's order, j outer and s inner, kTermsInFlight at a
+// time: all loads of a group go out before its first add, so T=1 decode waits for
+// ceil(k*S / kTermsInFlight) memory latencies instead of k*S (k=2, S=8: one, not 16). Split-K
+// is a decode technique (few tiles), so the 16 terms' registers cost no needed occupancy.
+constexpr int kTermsInFlight = 16;
+
 __global__ void __launch_bounds__(kThreads) combine_partials_kernel(PartialParams p) {
   dev::pdl_enter();
   int64_t t, c;
   if (!thread_columns(p.tokens, p.hidden, t, c)) return;
   const int64_t split_stride = p.tokens * p.topk * p.hidden;
+  const float* rows = p.partials + t * p.topk * p.hidden + c;  // term (j, s) at j*H + s*split_stride
+  const int terms = p.topk * p.splits;
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int j = 0; j < p.topk; ++j)
-    for (int sp = 0; sp < p.splits; ++sp) {
-      const float* row = p.partials + sp * split_stride + (t * p.topk + j) * p.hidden + c;
-      const float4 a = *reinterpret_cast<const float4*>(row);
-      const float4 b = *reinterpret_cast<const float4*>(row + 4);
-      const float r[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  int j = 0, sp = 0;  // the next term to load
+  for (int first = 0; first < terms; first += kTermsInFlight) {
+    float4 v[kTermsInFlight][2];  // (term, half)
 #pragma unroll
-      for (int q = 0; q < 8; ++q) s[q] = canon::add(s[q], r[q]);
+    for (int g = 0; g < kTermsInFlight; ++g) {
+      if (first + g < terms) {
+        const float* row = rows + j * p.hidden + sp * split_stride;
+        v[g][0] = *reinterpret_cast<const float4*>(row);
+        v[g][1] = *reinterpret_cast<const float4*>(row + 4);
+        if (++sp == p.splits) sp = 0, ++j;
+      }
     }
+#pragma unroll
+    for (int g = 0; g < kTermsInFlight; ++g) {
+      if (first + g < terms) {
+        const float r[8] = {v[g][0].x, v[g][0].y, v[g][0].z, v[g][0].w, v[g][1].x, v[g][1].y, v[g][1].z, v[g][1].w};
+#pragma unroll
+        for (int q = 0; q < 8; ++q) s[q] = canon::add(s[q], r[q]);
+      }
+    }
+  }
   store_bf16x8(p.y + t * p.hidden + c, s);
 }
 
-__global__ void __launch_bounds__(kThreads) combine_kernel(Params p) {
+// The k rows in order, kRowsInFlight at a time: all loads of a group go out before its first add
+// (one memory latency for k <= 8, not k). Not all 16: this kernel also runs at prefill sizes,
+// where 8 rows in 64 registers (launch bounds: 4 CTAs per SM) keep enough loads in flight for
+// HBM bandwidth even at k = 2.
+constexpr int kRowsInFlight = 8;
+
+__global__ void __launch_bounds__(kThreads, 4) combine_kernel(Params p) {
   dev::pdl_enter();
   int64_t t, c;
   if (!thread_columns(p.tokens, p.hidden, t, c)) return;
+  const __nv_bfloat16* rows = p.y_rows + t * p.topk * p.hidden + c;  // row j at j*H
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int j = 0; j < p.topk; ++j) {
-    const uint4 r = *reinterpret_cast<const uint4*>(p.y_rows + (t * p.topk + j) * p.hidden + c);
-    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+  for (int first = 0; first < p.topk; first += kRowsInFlight) {
+    uint4 r[kRowsInFlight];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      s[2 * q] = canon::add(s[2 * q], dev::bf16_lo(w[q]));
-      s[2 * q + 1] = canon::add(s[2 * q + 1], dev::bf16_hi(w[q]));
+    for (int g = 0; g < kRowsInFlight; ++g)
+      if (first + g < p.topk) r[g] = *reinterpret_cast<const uint4*>(rows + (first + g) * p.hidden);
+#pragma unroll
+    for (int g = 0; g < kRowsInFlight; ++g) {
+      if (first + g < p.topk) {
+        const uint32_t w[4] = {r[g].x, r[g].y, r[g].z, r[g].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          s[2 * q] = canon::add(s[2 * q], dev::bf16_lo(w[q]));
+          s[2 * q + 1] = canon::add(s[2 * q + 1], dev::bf16_hi(w[q]));
+        }
+      }
     }
   }
   store_bf16x8(p.y + t * p.hidden + c, s);

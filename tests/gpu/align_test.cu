@@ -72,12 +72,49 @@ TEST_F(AlignTest, LargeAssignmentCount) {
   check(make_routing(RoutingKind::Uniform, 65536, 8, 256, rng), 65536, 8, 256, cfg);
 }
 
+// The kernel sizes its work from n = T*k: ceil(n/32) warps of one round each up to n = 1024,
+// then 32 warps with longer segments (kRoundsInFlight rounds loaded at a time). Cover each side
+// of every boundary: n < 32, n = 32 and 33, 32*32 - 1, 32*32, 32*32 + 1, and segments that end
+// inside a group of rounds.
+TEST_F(AlignTest, AssignmentCountsAroundWarpAndRoundBoundaries) {
+  std::mt19937_64 rng(fresh_seed());
+  for (const GemmConfig& cfg : compiled_gemm_configs())
+    for (int64_t E : {8, 256, 512})
+      for (int64_t n : {1, 2, 5, 31, 32, 33, 63, 500, 1023, 1024, 1025, 2047, 4095, 4096, 4097, 4255, 33000}) {
+        const int64_t k = 1;
+        check(make_routing(RoutingKind::Uniform, n / k, k, E, rng), n / k, k, E, cfg);
+      }
+}
+
+TEST_F(AlignTest, MaxExpertsAllRoutings) {
+  std::mt19937_64 rng(fresh_seed());
+  const int64_t E = kMaxExperts;
+  for (const GemmConfig& cfg : compiled_gemm_configs()) {
+    check(make_routing(RoutingKind::Uniform, 64, 8, E, rng), 64, 8, E, cfg);
+    check(make_routing(RoutingKind::AllOnOne, 700, 2, E, rng), 700, 2, E, cfg);
+    check(make_routing(RoutingKind::EmptyExperts, 3, 16, E, rng), 3, 16, E, cfg);
+    check(make_routing(RoutingKind::SingleToken, 1, 16, E, rng), 1, 16, E, cfg);
+  }
+}
+
+// T*k = 3,000,000: segments of ~94k assignments per warp, starts far above 2^16.
+TEST_F(AlignTest, MillionsOfAssignments) {
+  std::mt19937_64 rng(fresh_seed());
+  const GemmConfig cfg = compiled_gemm_configs().front();
+  check(make_routing(RoutingKind::Uniform, 375000, 8, 256, rng), 375000, 8, 256, cfg);
+  check(make_routing(RoutingKind::AllOnOne, 1500000, 2, 256, rng), 1500000, 2, 256, cfg);
+}
+
 TEST_F(AlignTest, OutOfRangeIdsAreSkippedAndReported) {
   std::mt19937_64 rng(fresh_seed());
   auto ids = make_routing(RoutingKind::Uniform, 50, 2, 8, rng);
   ids[3] = -1;
   ids[40] = 8;
   check(ids, 50, 2, 8, compiled_gemm_configs().front(), kStatusExpertIdOutOfRange);
+  // Only in the last warp's last round, past the first group of rounds of a long segment.
+  auto many = make_routing(RoutingKind::Uniform, 10000, 1, 512, rng);
+  many.back() = 512;
+  check(many, 10000, 1, 512, compiled_gemm_configs().front(), kStatusExpertIdOutOfRange);
 }
 
 TEST_F(AlignTest, EmptyInput) {
