@@ -8,6 +8,7 @@ graph capture, and it refuses tensors that require grad (parameters).
 """
 from __future__ import annotations
 
+import atexit
 import functools
 from typing import Optional, Sequence
 
@@ -33,6 +34,15 @@ def _stream(device: torch.device) -> int:
 @functools.lru_cache(maxsize=4096)
 def _plan(tokens: int, hidden: int, inter: int, experts: int, topk: int, device_index: int) -> _C.Plan:
     return _C.plan_forward(tokens, hidden, inter, experts, topk, device=device_index)
+
+
+# NOTES: torch's operator registry keeps the custom ops' functions for the life of the process,
+# and with them moekit.torch's globals, which name this cache. At exit Python wipes the globals
+# of the modules still alive, but not a globals dict whose module is already gone (as under
+# `python -m moekit.bench`, where only the import system held moekit): the cache and its Plans
+# would outlive the interpreter, and nanobind would report each Plan as leaked. atexit handlers
+# run before that teardown: empty the cache there.
+atexit.register(_plan.cache_clear)
 
 
 def _cuda_index(fn: str, device) -> int:

@@ -1,6 +1,7 @@
 """CPU tests that need neither PyTorch nor a GPU: import, planning, argument validation through
 the DLPack boundary (NumPy arrays, or buffer-protocol arrays from the standard library)."""
 import array
+import ctypes
 import importlib.util
 
 import pytest
@@ -17,6 +18,37 @@ def host_array(n=16, code="f"):
 
         return np.zeros(n, dtype={"f": np.float32, "i": np.int32, "B": np.uint8}[code])
     return array.array(code, [0] * n)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLManagedTensor(ctypes.Structure):  # DLPack's DLManagedTensor (unversioned)
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_CAPSULE_NAME = b"dltensor"  # must outlive the capsules
+
+
+def cuda_capsule(device_id: int, shape: tuple, keep: list):
+    """A DLPack capsule of a float32 array said to be on CUDA device `device_id`, made by hand: no
+    GPU, driver or device memory is involved. The binding reads the device before any data, and
+    this array has none (its data pointer is never dereferenced). `keep` holds the structures
+    alive for the call."""
+    dims = (ctypes.c_int64 * len(shape))(*shape)
+    mt = _DLManagedTensor(data=256, device=_DLDevice(2, device_id), ndim=len(shape),  # 2: kDLCUDA
+                          dtype=_DLDataType(2, 32, 1), shape=dims)  # 2: kDLFloat
+    keep += [dims, mt]
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+    return new(ctypes.addressof(mt), _CAPSULE_NAME, None)
 
 
 def test_import_without_gpu_or_torch():
@@ -156,3 +188,16 @@ def test_binding_checks_dtype_and_strides_before_the_device():
     with pytest.raises(moekit.Error, match="check_status: argument 'workspace': expected a 1-D byte buffer"):
         moekit.check_status(moekit.plan_forward(4, 64, 64, 4, 2, device=moekit.DeviceInfo(cc_major=9,
                             smem_per_block_optin=232448)), np.zeros((4, 4), np.uint8))
+
+
+def test_binding_refuses_arrays_on_two_devices(h200):
+    """All arrays of one call must be on one CUDA device: checked where the binding reads the DLPack
+    device ids, so on any machine (on hand-made capsules: see cuda_capsule)."""
+    keep = []
+    with pytest.raises(moekit.Error, match="moekit.combine: argument 'y': is on CUDA device 1 but 'y_rows' is on "
+                                           "CUDA device 0"):
+        moekit.combine(cuda_capsule(0, (8, 64), keep), 2, cuda_capsule(1, (4, 64), keep))
+    p = moekit.plan_forward(4, 64, 64, 4, 2, device=h200)
+    x, w13 = cuda_capsule(3, (4, 64), keep), cuda_capsule(2, (4, 128, 64), keep)
+    with pytest.raises(moekit.Error, match="expert_up: argument 'w13': is on CUDA device 2 but 'x' is on CUDA device 3"):
+        moekit.expert_up(p, x, w13, cuda_capsule(3, (p.workspace_bytes // 4,), keep))

@@ -1,13 +1,20 @@
 """CPU tests of moekit.torch (need PyTorch, not a GPU): argument validation names the argument,
-the custom ops' fake implementations, and torch.compile tracing through them with no graph break
-(on fake CUDA tensors)."""
+the custom ops' fake implementations, torch.compile tracing through them with no graph break (on
+fake CUDA tensors), and no cached Plan left at exit."""
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 torch = pytest.importorskip("torch")
+from torch._subclasses import fake_tensor  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import moekit  # noqa: E402
 import moekit.torch as mt  # noqa: E402
+
+from conftest import H200  # noqa: E402
 
 T, H, F, E, K = 5, 64, 32, 8, 2
 bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
@@ -34,6 +41,20 @@ def call(device=D, **over):
 
 def z(*shape, dtype=bf16, device=D):
     return torch.zeros(*shape, dtype=dtype, device=device)
+
+
+def z_on_cuda1(*shape, dtype=bf16):
+    """A fake tensor on cuda:1 on any machine, for the checks that all tensors share x's device.
+
+    NOTES: where CUDA is available, a FakeTensor first initialises a context on its device
+    (torch.empty(1, device=...)), which fails where cuda:1 does not exist (one GPU). The checks
+    under test read only .device, so there that initialisation is skipped for this tensor; with
+    no CUDA (CI) or two GPUs or more, torch's own path runs unchanged."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() >= 2:
+        return z(*shape, dtype=dtype, device="cuda:1")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fake_tensor, "init_gpu_context", lambda device: None)
+        return z(*shape, dtype=dtype, device="cuda:1")
 
 
 @pytest.mark.parametrize("over, match", [
@@ -94,7 +115,7 @@ def test_other_entries_validate():
         with pytest.raises(moekit.Error, match="fused_experts: argument 'topk_ids': expected a CUDA tensor, got one on cpu"):
             moekit.fused_experts(t["x"], t["w13"], t["w2"], w, ids.cpu())
         with pytest.raises(moekit.Error, match="fused_experts: argument 'w2': is on cuda:1 but 'x' is on cuda:0"):
-            moekit.fused_experts(t["x"], t["w13"], z(E, H, F, device="cuda:1"), w, ids)
+            moekit.fused_experts(t["x"], t["w13"], z_on_cuda1(E, H, F), w, ids)
         with pytest.raises(moekit.Error, match="route: argument 'w_gate': give router_logits"):
             mt.route(t["x"], top_k=2)
         with pytest.raises(moekit.Error, match="route: argument 'w_gate': give router_logits or x with w_gate"):
@@ -189,3 +210,24 @@ def test_binding_reads_torch_capsules():
         moekit.combine(to_dlpack(y_rows.half()), 2, None)
     with pytest.raises(moekit.Error, match="argument 'y_rows': expected a CUDA"):  # requires_grad is no obstacle
         moekit.combine(to_dlpack(torch.zeros(8, H, requires_grad=True)), 2, None)
+
+
+def test_cached_plans_do_not_outlive_the_interpreter():
+    """moekit.torch caches Plans (nanobind objects): none may be left at exit for nanobind to report
+    as leaked. The script reaches moekit only through names it imported, as `python -m moekit.bench`
+    does (then nothing wipes moekit.torch's globals, which torch's operator registry keeps)."""
+    script = textwrap.dedent(f"""
+        from moekit import _moekit as C
+        from moekit.torch import fused_moe  # registers the custom ops
+        from moekit._torch_util import _plan
+
+        # Plans for an H200 on any machine: what is checked is the cache, not the device.
+        plan_forward, h200 = C.plan_forward, C.DeviceInfo(**{H200!r})
+        C.plan_forward = lambda *shape, device=None: plan_forward(*shape, device=h200)
+        for tokens in (1, 16, 256):
+            _plan(tokens, 1024, 512, 16, 4, 0)
+        assert _plan.cache_info().currsize == 3
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "nanobind: leaked" not in r.stderr, r.stderr
