@@ -115,14 +115,22 @@ ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
   return plan_forward_heuristic(shape, device);
 }
 
+namespace {
+// The largest rows per expert (T*k/E) the heuristic still plans with 16-row decode tiles.
+constexpr int64_t kDecodeRowsPerExpert = 12;
+}  // namespace
+
 ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& device) {
   detail::expect_shape(shape, "plan_forward");
   expect_hopper(device);
   // Tile shape follows rows per expert, not T (DESIGN "Rules"): a few rows per expert is a
-  // weight read (16-row tiles, little padding); hundreds of rows are tensor-core bound.
-  const double rows_per_expert = double(shape.tokens * shape.topk) / double(shape.experts);
-  const int block_m = rows_per_expert <= 24 ? 16 : rows_per_expert <= 96 ? 64 : 128;
-  // Prefill tiles (128 rows) run on the wgmma kernel; the mma.sync one serves the rest.
+  // weight read (16-row mma.sync tiles, little padding); from about a dozen rows the wgmma
+  // kernel's 128-row tiles win even half empty. `moekit tune` on the H200 (configs/, 2026-11-29)
+  // bracketed the switch: 16-row tiles won at 8 rows per expert (Mixtral T=32, Qwen3 T=128,
+  // DeepSeek-V3 T=256), the wgmma tiles at 16 (Mixtral T=64, Qwen3 T=256, DeepSeek-V3 T=512), by
+  // 4-85%; the 64-row mma.sync tiles won nowhere. 12 is the middle of that bracket.
+  const int64_t rows = shape.tokens * shape.topk;  // rows per expert = rows / E, compared exactly
+  const int block_m = rows <= kDecodeRowsPerExpert * shape.experts ? 16 : 128;
   const GemmKernel kernel = block_m == 128 ? GemmKernel::wgmma : GemmKernel::mma_sync;
   const GemmConfig* pick = nullptr;
   for (const GemmConfig& c : compiled_gemm_configs())

@@ -22,11 +22,11 @@ constexpr Preset kPresets[] = {{"mixtral-8x7b", 4096, 14336, 8, 2},
 
 MoeShape shape_of(const Preset& p, int64_t T) { return MoeShape{T, p.H, p.F, p.E, p.k}; }
 
-// The tile rule of plan.cpp, restated: rows per expert T*k/E up to 24 -> 16, up to 96 -> 64,
-// else 128.
+// The tile rule of plan.cpp, restated: rows per expert T*k/E up to 12 -> 16 (mma.sync), else 128
+// (wgmma).
 int expected_block_m(int64_t T, int64_t k, int64_t E) {
-  const int64_t rows = T * k;  // compare rows/E with 24 and 96 exactly, in integers
-  return rows <= 24 * E ? 16 : rows <= 96 * E ? 64 : 128;
+  const int64_t rows = T * k;  // compare rows/E with 12 exactly, in integers
+  return rows <= 12 * E ? 16 : 128;
 }
 
 const GemmConfig& compiled_with_block_m(int block_m) {
@@ -46,9 +46,9 @@ const GemmConfig& chosen_for_block_m(int block_m) {
 
 TEST(Plan, BlockMFollowsRowsPerExpertForThePresets) {
   for (const Preset& p : kPresets) {
-    // T at each boundary (rows per expert exactly 24 and 96) and one token past it.
-    const int64_t t24 = 24 * p.E / p.k, t96 = 96 * p.E / p.k;
-    for (int64_t T : {int64_t(0), int64_t(1), int64_t(16), t24, t24 + 1, t96, t96 + 1, int64_t(8192), int64_t(65536)}) {
+    // T at the boundary (rows per expert exactly 12) and one token past it.
+    const int64_t t12 = 12 * p.E / p.k;
+    for (int64_t T : {int64_t(0), int64_t(1), int64_t(16), t12, t12 + 1, int64_t(1000), int64_t(8192), int64_t(65536)}) {
       SCOPED_TRACE(::testing::Message() << p.name << " T=" << T);
       const ForwardPlan plan = plan_forward(shape_of(p, T), kH200);
       const int bm = expected_block_m(T, p.k, p.E);
@@ -62,20 +62,20 @@ TEST(Plan, BlockMFollowsRowsPerExpertForThePresets) {
       EXPECT_EQ(plan.shape.tokens, T);
     }
   }
-  // The boundaries by hand: Mixtral (E 8, k 2) has 24 rows per expert at T 96, 96 at T 384.
+  // The boundary by hand: Mixtral (E 8, k 2) has 12 rows per expert at T 48.
   const Preset& mixtral = kPresets[0];
-  EXPECT_EQ(plan_forward(shape_of(mixtral, 96), kH200).block_m, 16);
-  EXPECT_EQ(plan_forward(shape_of(mixtral, 97), kH200).block_m, 64);
-  EXPECT_EQ(plan_forward(shape_of(mixtral, 384), kH200).block_m, 64);
-  EXPECT_EQ(plan_forward(shape_of(mixtral, 385), kH200).block_m, 128);
+  EXPECT_EQ(plan_forward(shape_of(mixtral, 48), kH200).block_m, 16);
+  EXPECT_EQ(plan_forward(shape_of(mixtral, 49), kH200).block_m, 128);
+  EXPECT_EQ(plan_forward(shape_of(mixtral, 49), kH200).up.kernel, GemmKernel::wgmma);
 }
 
 TEST(Plan, MaxRowsByHand) {
-  // Mixtral, T 100, k 2: block_m 64 (25 rows per expert); 200 + 8*63 = 704 = 11 blocks of 64.
+  // Mixtral, T 100, k 2: block_m 128 (25 rows per expert); 200 + 8*127 = 1216, rounded up to
+  // 1280 = 10 blocks of 128.
   const ForwardPlan a = plan_forward(shape_of(kPresets[0], 100), kH200);
-  EXPECT_EQ(a.block_m, 64);
-  EXPECT_EQ(a.max_rows, 704);
-  EXPECT_EQ(a.max_blocks, 11);
+  EXPECT_EQ(a.block_m, 128);
+  EXPECT_EQ(a.max_rows, 1280);
+  EXPECT_EQ(a.max_blocks, 10);
   // DeepSeek-V3, T 1: block_m 16; 8 + 256*15 = 3848, rounded up to 3856 = 241 blocks.
   const ForwardPlan b = plan_forward(shape_of(kPresets[2], 1), kH200);
   EXPECT_EQ(b.max_rows, 3856);
