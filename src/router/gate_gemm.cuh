@@ -64,9 +64,8 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // u32 j (0..3) of a 16-byte vector.
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
-// MT: 16-token row tiles per CTA; NT: 8-expert column tiles per CTA.
 // Dynamic shared memory of an instance: the per-warp load staging, which the warp partials
-// reuse after the main loop.
+// reuse after the main loop. MT: 16-token row tiles per CTA; NT: 8-expert column tiles.
 template <int MT, int NT>
 struct GateTile {
   static constexpr int kRows = MT * 16, kCols = NT * 8;
@@ -80,25 +79,21 @@ struct GateTile {
   static constexpr int kSmemBytes = kGateWarps * kWarpBytes;
 };
 
-// MT: 16-token row tiles per CTA; NT: 8-expert column tiles per CTA.
+// This warp's partial of one slice for the CTA's tile (tokens t0.., experts e0..), written to
+// its own part of `smem` as [kRows][kCols] floats: its steps s = warp, warp + kGateWarps, ... of
+// the slice, in ascending order. The first call issues its first w_gate loads before the PDL
+// wait (w_gate is a weight no moekit kernel writes; x may be the previous kernel's output).
 template <int MT, int NT>
-__global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGateWarps)
-    gate_logits_kernel(GateParams p) {
-  namespace cg = cooperative_groups;
+__device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slice, int e0, int64_t t0,
+                                                   unsigned char* smem, bool& waited) {
   using Tile = GateTile<MT, NT>;
-  constexpr int kRows = Tile::kRows, kCols = Tile::kCols, kUnroll = Tile::kUnroll;
-  extern __shared__ __align__(16) unsigned char gate_smem[];
-  __shared__ float s_slice[kRows][kCols];  // this slice's partial, read by the cluster
-
+  constexpr int kCols = Tile::kCols, kUnroll = Tile::kUnroll;
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
   const int g = lane >> 2, q = lane & 3;  // the mma fragment's row group and quad lane
-  unsigned char* my_smem = gate_smem + warp * Tile::kWarpBytes;
+  unsigned char* my_smem = smem + warp * Tile::kWarpBytes;
   // Staging: [u][chunk][lane] 16-byte slots; chunk nt (w rows) then NT + 2*mt + h (x rows).
   const uint32_t stage = uint32_t(__cvta_generic_to_shared(my_smem));
   auto slot = [&](int u, int chunk) { return stage + uint32_t(((u * Tile::kChunks + chunk) * 32 + lane) * 16); };
-  const int slice = int(blockIdx.x % kGateSlices);
-  const int e0 = int(blockIdx.x / kGateSlices) * kCols;
-  const int64_t t0 = int64_t(blockIdx.y) * kRows;
   const int64_t H = p.hidden;
   const int64_t width = gate_slice_width(H);
   const int64_t k_begin = slice * width, k_end = min(H, k_begin + width);
@@ -132,9 +127,6 @@ __global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGate
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 
-  // w_gate is a weight: no moekit kernel writes it, so the first batch of its loads goes out
-  // before the wait for the previous kernel (PDL); x may be that kernel's output.
-  bool waited = false;
   for (int64_t s0 = warp; s0 < steps; s0 += int64_t(kGateWarps) * kUnroll) {
     __syncwarp();  // the previous batch's slots have been read by every lane
 #pragma unroll
@@ -181,10 +173,9 @@ __global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGate
                      word(xv[mt][1], 2 * j + 1), word(wv[nt], 2 * j), word(wv[nt], 2 * j + 1));
     }
   }
-  if (!waited) dev::pdl_enter();
-  __syncwarp();  // staging reads done before the partials overwrite it
+  __syncwarp();  // staging reads done before the partial overwrites it
 
-  // Warp partials -> shared memory (C fragment: c0,c1 row g cols 2q,2q+1; c2,c3 row g+8).
+  // C fragment: c0,c1 row g cols 2q,2q+1; c2,c3 row g+8.
   float (*part)[kCols] = reinterpret_cast<float (*)[kCols]>(my_smem);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -196,33 +187,82 @@ __global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGate
       part[r + 8][c] = acc[mt][nt][2];
       part[r + 8][c + 1] = acc[mt][nt][3];
     }
-  __syncthreads();
-  for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) {
-    const int r = i / kCols, c = i % kCols;
-    auto partial = [&](int w) {
-      return reinterpret_cast<const float*>(gate_smem + w * Tile::kWarpBytes)[r * kCols + c];
-    };
-    float v = partial(0);
+}
+
+// Element i of the tile summed over the warp partials, in warp order (after a __syncthreads).
+template <int MT, int NT>
+__device__ __forceinline__ float sum_warp_partials(const unsigned char* smem, int i) {
+  using Tile = GateTile<MT, NT>;
+  float v = reinterpret_cast<const float*>(smem)[i];
 #pragma unroll
-    for (int w = 1; w < kGateWarps; ++w) v = canon::add(v, partial(w));
-    s_slice[r][c] = v;
-  }
+  for (int w = 1; w < kGateWarps; ++w) v = canon::add(v, reinterpret_cast<const float*>(smem + w * Tile::kWarpBytes)[i]);
+  return v;
+}
+
+// Decode: a cluster of kGateSlices CTAs per tile, CTA r computing slice r; the slice partials
+// meet in distributed shared memory. Many CTAs, each with one batch of loads in flight.
+template <int MT, int NT>
+__global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGateWarps)
+    gate_logits_kernel(GateParams p) {
+  namespace cg = cooperative_groups;
+  using Tile = GateTile<MT, NT>;
+  constexpr int kRows = Tile::kRows, kCols = Tile::kCols;
+  extern __shared__ __align__(16) unsigned char gate_smem[];
+  __shared__ float s_slice[kRows * kCols];  // this slice's partial, read by the cluster
+  const int slice = int(blockIdx.x % kGateSlices);
+  const int e0 = int(blockIdx.x / kGateSlices) * kCols;
+  const int64_t t0 = int64_t(blockIdx.y) * kRows;
+
+  bool waited = false;
+  warp_slice_partial<MT, NT>(p, slice, e0, t0, gate_smem, waited);
+  if (!waited) dev::pdl_enter();
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) s_slice[i] = sum_warp_partials<MT, NT>(gate_smem, i);
 
   // Slice partials, in slice order: CTA r of the cluster sums and stores every kGateSlices-th
-  // element of the tile, reading the other CTAs' s_slice.
+  // block of the tile's elements, reading the other CTAs' s_slice.
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   const unsigned rank = cluster.block_rank();
   for (int i = int(rank) * 32 * kGateWarps + int(threadIdx.x); i < kRows * kCols; i += kGateSlices * 32 * kGateWarps) {
-    const int r = i / kCols, c = i % kCols;
-    const int64_t t = t0 + r;
-    const int e = e0 + c;
-    float v = *cluster.map_shared_rank(&s_slice[r][c], 0);
+    const int64_t t = t0 + i / kCols;
+    const int e = e0 + i % kCols;
+    float v = *cluster.map_shared_rank(&s_slice[i], 0);
 #pragma unroll
-    for (int sl = 1; sl < kGateSlices; ++sl) v = canon::add(v, *cluster.map_shared_rank(&s_slice[r][c], sl));
+    for (int sl = 1; sl < kGateSlices; ++sl) v = canon::add(v, *cluster.map_shared_rank(&s_slice[i], sl));
     if (t < p.tokens && e < p.experts) p.logits[t * p.experts + e] = v;
   }
   cluster.sync();  // no CTA leaves while another still reads its s_slice
+}
+
+// Prefill: one CTA per tile walks the slices itself, adding each slice's partial into a running
+// sum in slice order: bitwise the cluster kernel's logits, without a cluster's launch and
+// exchange per few hundred MMAs (at T = 16384 the cluster kernel ran 32768 CTAs).
+template <int MT, int NT>
+__global__ void __launch_bounds__(32 * kGateWarps) gate_logits_looped_kernel(GateParams p) {
+  using Tile = GateTile<MT, NT>;
+  constexpr int kRows = Tile::kRows, kCols = Tile::kCols;
+  extern __shared__ __align__(16) unsigned char gate_smem[];
+  __shared__ float s_sum[kRows * kCols];
+  const int e0 = int(blockIdx.x) * kCols;
+  const int64_t t0 = int64_t(blockIdx.y) * kRows;
+
+  bool waited = false;
+  for (int slice = 0; slice < kGateSlices; ++slice) {
+    warp_slice_partial<MT, NT>(p, slice, e0, t0, gate_smem, waited);
+    __syncthreads();
+    for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) {
+      const float v = sum_warp_partials<MT, NT>(gate_smem, i);
+      s_sum[i] = slice == 0 ? v : canon::add(s_sum[i], v);
+    }
+    __syncthreads();  // the partials are read before the next slice's loads overwrite them
+  }
+  if (!waited) dev::pdl_enter();
+  for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) {
+    const int64_t t = t0 + i / kCols;
+    const int e = e0 + i % kCols;
+    if (t < p.tokens && e < p.experts) p.logits[t * p.experts + e] = s_sum[i];
+  }
 }
 
 }  // namespace moekit::kernels::router

@@ -25,37 +25,45 @@ void launch(const kernels::router::Params& p, DType w_dtype, cudaStream_t stream
     detail::launch_pdl("router_kernel", kernels::router::router_kernel<EPL, float>, grid, block, 0, stream, p);
 }
 
-// Logits of a bf16 w_gate on the tensor cores (gate_gemm.cuh). The tile instance follows T and E
-// only for speed: every instance sums each logit in the same order.
-template <int MT, int NT>
+// Logits of a bf16 w_gate on the tensor cores (gate_gemm.cuh). The kernel and tile instance
+// follow T and E only for speed: every one sums each logit in the same order.
+template <int MT, int NT, bool kLooped>
 void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
   namespace kr = kernels::router;
-  constexpr int64_t kRows = MT * 16;
-  // Token tiles on grid y (at most 65535): larger T is launched in chunks.
-  constexpr int64_t kChunk = 65535 * kRows;
   using Tile = kr::GateTile<MT, NT>;
-  auto kernel = kr::gate_logits_kernel<MT, NT>;
+  void (*kernel)(kr::GateParams) = nullptr;
+  if constexpr (kLooped) kernel = kr::gate_logits_looped_kernel<MT, NT>;
+  else kernel = kr::gate_logits_kernel<MT, NT>;
   // Once per instance (as the GEMMs): allow its dynamic shared memory.
   static const bool smem_ready = [&] {
     MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
     return true;
   }();
   (void)smem_ready;
-  const unsigned e_tiles = unsigned((p.experts + NT * 8 - 1) / (NT * 8));
+  // Token tiles on grid y (at most 65535): larger T is launched in chunks.
+  constexpr int64_t kChunk = 65535 * int64_t(Tile::kRows);
+  const unsigned e_tiles = unsigned((p.experts + Tile::kCols - 1) / Tile::kCols);
   for (int64_t t0 = 0; t0 < p.tokens; t0 += kChunk) {
     kr::GateParams c = p;
     c.tokens = std::min(kChunk, p.tokens - t0);
     c.x = p.x + t0 * p.hidden;
     c.logits = p.logits + t0 * p.experts;
-    const dim3 grid(e_tiles * kr::kGateSlices, unsigned((c.tokens + kRows - 1) / kRows));
+    const dim3 grid(e_tiles * (kLooped ? 1 : kr::kGateSlices), unsigned((c.tokens + Tile::kRows - 1) / Tile::kRows));
     detail::launch_pdl("gate_logits_kernel", kernel, grid, dim3(32 * kr::kGateWarps), size_t(Tile::kSmemBytes), stream, c);
   }
 }
 
+// Decode (T <= 16): 16 x 8 tiles in clusters, w_gate spread over the most SMs. Up to 256 tokens:
+// 32 x 32 (32 x 8 for E <= 8) tiles in clusters. Beyond: one CTA per 64 x 32 (64 x 8) tile
+// walking the slices, so x and w_gate are re-read from L2 less and no cluster is launched per
+// few hundred MMAs.
 void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
-  if (p.tokens <= 16) launch_gate<1, 1>(p, stream);
-  else if (p.experts <= 8) launch_gate<2, 1>(p, stream);
-  else launch_gate<2, 4>(p, stream);
+  if (p.tokens <= 16) launch_gate<1, 1, false>(p, stream);
+  else if (p.tokens <= 256) {
+    if (p.experts <= 8) launch_gate<2, 1, false>(p, stream);
+    else launch_gate<2, 4, false>(p, stream);
+  } else if (p.experts <= 8) launch_gate<4, 1, true>(p, stream);
+  else launch_gate<4, 4, true>(p, stream);
 }
 }  // namespace
 

@@ -109,10 +109,11 @@ TEST_F(RouterTest, LogitsFromXAndWGate) {
   check({3, 72, 40, 3, Scoring::softmax, false, false, false, false, 0, 0, 1.0f});      // H not /256
 }
 
-// Every tile instance of the tensor-core logits (T <= 16; E <= 8; larger) on the model shapes,
-// H not a multiple of a step or a slice, and experts not a multiple of a tile.
+// Every tile instance of the tensor-core logits (clusters: T <= 16, T <= 256 with E <= 8 or more;
+// one CTA per tile walking the slices: T > 256) on the model shapes, H not a multiple of a step
+// or a slice, and experts not a multiple of a tile.
 TEST_F(RouterTest, TensorCoreLogitsEveryInstance) {
-  for (int64_t T : {1, 2, 16, 17, 100})
+  for (int64_t T : {1, 2, 16, 17, 100, 257, 300})
     for (int64_t H : {4096, 2056, 72, 8}) {
       check({T, H, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
       check({T, H, 40, 3, Scoring::softmax, false, false, false, false, 0, 0, 1.0f});
@@ -120,13 +121,22 @@ TEST_F(RouterTest, TensorCoreLogitsEveryInstance) {
   check({33, 7168, 256, 8, Scoring::sigmoid, true, true, false, false, 8, 4, 2.5f});
   check({70, 2048, 128, 8, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
   check({9, 1024, 512, 16, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
+  check({1000, 7168, 256, 8, Scoring::sigmoid, true, true, false, false, 8, 4, 2.5f});  // deepseek-like prefill
+  check({700, 4096, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});      // mixtral-like prefill
+}
+
+// Small cases of every tensor-core kernel for the sanitizers (gpu-check: memcheck, racecheck).
+TEST_F(RouterTest, TensorCoreLogitsSmall) {
+  for (int64_t T : {3, 40, 257})
+    for (int64_t E : {8, 40}) check({T, 520, E, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
 }
 
 // A token's tensor-core logits do not depend on the batch: the same rows give bitwise the same
-// logits at T = 1, 16 (decode tile), 17 and 300 (prefill tiles), and on a second run.
+// logits at T = 1, 16 (decode clusters), 17, 300 (larger clusters) and 600 (a CTA walking the
+// slices), and on a second run.
 TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
   for (int64_t E : {8, 64, 256}) {
-    const int64_t H = 2048, Tmax = 300;
+    const int64_t H = 2048, Tmax = 600;
     std::mt19937_64 rng(fresh_seed());
     const auto x = random_bf16(size_t(Tmax * H), rng);
     const auto wg = random_bf16(size_t(E * H), rng, 1.0f / std::sqrt(float(H)));
@@ -134,7 +144,7 @@ TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
     DeviceBuffer<int32_t> d_ids(size_t(Tmax * 2));
     DeviceBuffer<float> d_w(size_t(Tmax * 2)), d_logits(size_t(Tmax * E));
     std::vector<float> first;
-    for (int64_t T : {int64_t(300), int64_t(1), int64_t(16), int64_t(17), int64_t(300)}) {
+    for (int64_t T : {int64_t(600), int64_t(1), int64_t(16), int64_t(17), int64_t(300), int64_t(600)}) {
       SCOPED_TRACE("E=" + std::to_string(E) + " T=" + std::to_string(T));
       d_logits.poison();
       route(Tensor(d_x.ptr, DType::bf16, {T, H}), Tensor(d_wg.ptr, DType::bf16, {E, H}), Tensor(), Tensor(),
@@ -146,7 +156,7 @@ TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
         first = got;
         continue;
       }
-      ASSERT_EQ(std::memcmp(got.data(), first.data(), size_t(T * E) * 4), 0) << "logits differ from the T=300 run";
+      ASSERT_EQ(std::memcmp(got.data(), first.data(), size_t(T * E) * 4), 0) << "logits differ from the T=600 run";
     }
   }
 }
