@@ -5,11 +5,14 @@
 // a table can never name a kernel that does not exist. Host-only: no device code here.
 #pragma once
 
-// NOTES: block_m is the row granularity of the aligned layout, so one forward uses one block_m
+// NOTES: 16x32 tiles (2 warps) are a candidate for `moekit tune` on small experts (Qwen3: a 16x64
+// up tile is 256 KB of w13, and 192 of them leave the SMs unevenly loaded at T=1); the heuristic
+// keeps the first 16-row config. block_m is the row granularity of the aligned layout, so one forward uses one block_m
 // for both GEMMs. 16 rows: decode, bound by reading weights (padding is nearly free).
 // 64/128 rows: prefill, bound by tensor-core math (fewer B-tile re-reads per FLOP).
 #define MOEKIT_GEMM_CONFIGS(X) \
   X(16, 64, 128, 1, 4, 4)      \
+  X(16, 32, 128, 1, 2, 4)      \
   X(64, 128, 64, 2, 4, 4)      \
   X(128, 128, 64, 2, 4, 3)
 
