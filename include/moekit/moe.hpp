@@ -93,6 +93,10 @@ ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& devi
 ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down,
                               int down_splits = 1);
 inline constexpr int kMaxDownSplits = 8;
+// Align runs in one CTA up to this many assignments (decode: a chain of latencies); above it, one
+// cooperative launch of up to kAlignMaxCtas CTAs (one per SM) with a grid-wide barrier.
+inline constexpr int64_t kAlignGridMinAssignments = 4096;
+inline constexpr int kAlignMaxCtas = 160;
 // The tile configs the library compiles; plan_forward picks among these.
 const std::vector<GemmConfig>& compiled_gemm_configs();
 
@@ -109,6 +113,8 @@ struct Workspace {
   Tensor y_rows;           // [T*k, H] bf16: weighted expert output per assignment (S = 1)
   Tensor y_partials;       // [S, T*k, H] f32: its split-K partial sums (S > 1; else empty)
   Tensor status;           // [1] i32: error bits set by kernels (see check_status)
+  Tensor align_scratch;    // [kAlignMaxCtas, E+1] i32: multi-CTA align's per-CTA counts (T*k >
+                           // kAlignGridMinAssignments; else empty)
 };
 size_t workspace_bytes(const ForwardPlan& plan);
 // Views into `base` (at least workspace_bytes(plan) bytes, 256-byte aligned).
@@ -126,14 +132,20 @@ void check_status(const Workspace& ws, cudaStream_t stream);
 // Writes topk_ids [T,k] i32 and topk_weights [T,k] f32, in descending order of the selection
 // score; equal scores: the lower expert id wins.
 // logits_scratch [T,E] f32 (optional, used when logits are computed): with it, the logits are
-// computed by a kernel spread over many SMs and written there first — faster whenever w_gate is
-// large (DeepSeek-V3: 3.7 MB); the result is bitwise the same either way.
+// computed first, over many SMs, and written there (moe_forward always passes one):
+//   - bf16 w_gate: on the tensor cores (bf16 products, FP32 accumulation) in an order fixed by H
+//     alone: deterministic and batch-invariant, within 2^-12 * sum|x_i * w_i| of the FP32 CPU
+//     oracle (ref::logits_beyond_bound); the selection is bitwise the oracle's from these logits.
+//   - f32 w_gate: on the CUDA cores, bitwise the oracle's (canon order), as without the scratch.
+// Without it, one warp per token computes them in the canon order (bitwise the oracle's).
 void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Tensor& score_bias,
            const RouterOptions& opt, const Tensor& topk_ids, const Tensor& topk_weights,
            cudaStream_t stream, const Tensor& logits_scratch = Tensor());
 
 // ---- Stage 2: align -------------------------------------------------------------------------
-// topk_ids [T,k] i32 -> ws.sorted_ids, block_expert, num_rows_padded, expert_counts. One launch.
+// topk_ids [T,k] i32 -> ws.sorted_ids, block_expert, num_rows_padded, expert_counts. One launch:
+// one CTA up to kAlignGridMinAssignments assignments, else a cooperative multi-CTA grid (which
+// needs ws.align_scratch, carved whenever the plan's T*k is past that bound).
 void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
            cudaStream_t stream);
 

@@ -117,6 +117,7 @@ nb::dict workspace_layout(const ForwardPlan& plan) {
   add("y_rows", ws.y_rows);
   if (ws.y_partials.given()) add("y_partials", ws.y_partials);
   add("status", ws.status);
+  if (ws.align_scratch.given()) add("align_scratch", ws.align_scratch);
   return d;
 }
 
@@ -215,7 +216,8 @@ NB_MODULE(_moekit, m) {
       "topk_group"_a = 0, "routed_scaling_factor"_a = 1.0, "logits_scratch"_a.none() = nb::none(), "stream"_a = 0,
       "Stage 1: writes topk_ids [T,k] i32 and topk_weights [T,k] f32 from router_logits [T,E] f32, or from "
       "x [T,H] bf16 and w_gate [E,H] bf16/f32. logits_scratch [T,E] f32 (optional, w_gate path): the logits "
-      "are then computed by a kernel spread over many SMs first (faster for a large w_gate; same bits).");
+      "are then computed over many SMs first (bf16 w_gate: on the tensor cores, deterministic and batch-invariant, "
+      "within 2^-12*sum|x*w| of FP32; f32 w_gate: the same bits as without it).");
 
   m.def(
       "align",

@@ -1,5 +1,8 @@
-// align.cu — stage 2 launcher: validates align()'s arguments; one CTA, one launch.
+// align.cu — stage 2 launcher: validates align()'s arguments; one launch: one CTA for decode
+// sizes, a cooperative grid above kAlignGridMinAssignments assignments.
 #include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
 
 #include "align/align.cuh"
 #include "common/cuda_check.hpp"
@@ -19,6 +22,8 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
   detail::expect_tensor(fn, "ws.num_rows_padded", ws.num_rows_padded, DType::i32, {1});
   detail::expect_tensor(fn, "ws.expert_counts", ws.expert_counts, DType::i32, {s.experts});
   detail::expect_tensor(fn, "ws.status", ws.status, DType::i32, {1});
+  const bool grid = s.tokens * s.topk > kAlignGridMinAssignments;
+  if (grid) detail::expect_tensor(fn, "ws.align_scratch", ws.align_scratch, DType::i32, {int64_t(kAlignMaxCtas), s.experts + 1});
 
   kernels::align::Params p{};
   p.topk_ids = topk_ids.as<const int32_t>();
@@ -40,9 +45,30 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
     return true;
   }();
   (void)raised;
-  const size_t smem = kernels::align::smem_bytes(p.experts);
   nvtxRangePushA("moekit.align");
-  detail::launch_pdl("align_kernel", kernels::align::align_kernel, dim3(1), dim3(kernels::align::kThreads), smem, stream, p);
+  if (!grid) {
+    const size_t smem = kernels::align::smem_bytes(p.experts);
+    detail::launch_pdl("align_kernel", kernels::align::align_kernel, dim3(1), dim3(kernels::align::kThreads), smem, stream, p);
+  } else {
+    // Once: the shared-memory limit and how many CTAs can be resident at once (a cooperative
+    // launch needs all of them), capped by the scratch's rows.
+    static const int max_ctas = [] {
+      const int smem = int(kernels::align::grid_smem_bytes(int(kMaxExperts)));
+      MK_CUDA_CHECK(cudaFuncSetAttribute(kernels::align::align_grid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      int device = 0, sms = 0, per_sm = 0;
+      MK_CUDA_CHECK(cudaGetDevice(&device));
+      MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernels::align::align_grid_kernel,
+                                                                  kernels::align::kThreads, size_t(smem)));
+      return std::max(1, std::min(kAlignMaxCtas, sms * std::max(per_sm, 1)));
+    }();
+    p.cta_counts = ws.align_scratch.as<int32_t>();
+    // At least a few rounds per warp: no CTA is launched to count a handful of ids.
+    const int64_t wanted = (p.num_assign + 4 * kernels::align::kThreads - 1) / (4 * kernels::align::kThreads);
+    const int ctas = int(std::min<int64_t>(max_ctas, wanted));
+    detail::launch_cooperative("align_grid_kernel", kernels::align::align_grid_kernel, dim3(unsigned(ctas)),
+                               dim3(kernels::align::kThreads), kernels::align::grid_smem_bytes(p.experts), stream, p);
+  }
   nvtxRangePop();
 }
 

@@ -15,6 +15,8 @@
 // and every phase is done by all threads in parallel (no serial walk over 32 warp rows).
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include <cstdint>
 
 #include "common/device.cuh"
@@ -29,6 +31,7 @@ struct Params {
   int32_t* num_rows_padded; // [1]
   int32_t* expert_counts;   // [E]
   int32_t* status;          // [1]
+  int32_t* cta_counts;      // [kAlignMaxCtas, E+1]: align_grid_kernel's per-CTA counts (+ flag)
   int64_t num_assign;       // T*k
   int64_t max_blocks;
   int experts, block_m;
@@ -44,18 +47,19 @@ static_assert(kThreads >= kMaxExperts, "align: a thread per expert in the totals
 // Dynamic shared memory: s_rows[kWarps][E], s_start[E+1], s_total[E].
 inline size_t smem_bytes(int experts) { return size_t(kWarps * experts + 2 * experts + 1) * 4; }
 
-// The warp's segment [begin, end) of the assignments, as rounds of 32; empty for inactive warps.
+// The warp's segment of the assignments [begin, end), as rounds of 32; empty for inactive warps.
 struct Segment {
   int64_t begin, end;
   int active_warps;
 };
-__device__ __forceinline__ Segment warp_segment(int64_t n, int warp) {
+__device__ __forceinline__ Segment warp_segment(int64_t begin, int64_t end, int warp) {
+  const int64_t n = end - begin;
   const int64_t rounds = (n + 31) / 32;
   const int64_t rounds_per_warp = (rounds + kWarps - 1) / kWarps;
   Segment s;
   s.active_warps = rounds == 0 ? 0 : int((rounds + rounds_per_warp - 1) / rounds_per_warp);
-  s.begin = min(n, int64_t(warp) * rounds_per_warp * 32);
-  s.end = min(n, s.begin + rounds_per_warp * 32);
+  s.begin = begin + min(n, int64_t(warp) * rounds_per_warp * 32);
+  s.end = begin + min(n, s.begin - begin + rounds_per_warp * 32);
   return s;
 }
 
@@ -97,6 +101,33 @@ __device__ __forceinline__ bool walk_segment(const int32_t* __restrict__ topk_id
   return out_of_range;
 }
 
+// Scan: s_start[e] = exclusive prefix of the block_m-padded totals (thread e holds total e; 0
+// past E), s_start[E] = their sum, written by thread E-1. Warp scans, then every warp scans the
+// warp sums itself (one barrier inside; the caller's next barrier publishes s_start).
+__device__ __forceinline__ void scan_padded_starts(int32_t total, int block_m, int E, int32_t* s_warp_sum,
+                                                   int32_t* s_start) {
+  const int warp = int(threadIdx.x >> 5), lane = dev::lane_id(), tid = int(threadIdx.x);
+  const int32_t padded = (total + block_m - 1) / block_m * block_m;
+  int32_t incl = padded;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int32_t v = __shfl_up_sync(dev::kFullMask, incl, off);
+    if (lane >= off) incl += v;
+  }
+  if (lane == 31) s_warp_sum[warp] = incl;
+  __syncthreads();
+  const int32_t warp_sum = s_warp_sum[lane];
+  int32_t warps_incl = warp_sum;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int32_t v = __shfl_up_sync(dev::kFullMask, warps_incl, off);
+    if (lane >= off) warps_incl += v;
+  }
+  const int32_t warp_offset = __shfl_sync(dev::kFullMask, warps_incl - warp_sum, warp);
+  if (tid < E) s_start[tid] = warp_offset + incl - padded;
+  if (tid == E - 1) s_start[E] = warp_offset + incl;
+}
+
 __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   dev::pdl_enter();
   extern __shared__ int32_t smem[];
@@ -108,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
   const int tid = int(threadIdx.x);
   const int64_t n = p.num_assign;
-  const Segment seg = warp_segment(n, warp);
+  const Segment seg = warp_segment(0, n, warp);
   int32_t* my_row = s_rows + warp * E;
 
   // Pass 1: per-warp histogram (active warps only; the others' rows are never read).
@@ -138,30 +169,8 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
     s_total[tid] = total;
   }
 
-  // Scan: exclusive prefix of the padded totals over the block (0 past E): warp scans, then
-  // every warp scans the warp sums itself (no second barrier).
-  const int32_t padded = (total + p.block_m - 1) / p.block_m * p.block_m;
-  int32_t incl = padded;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int32_t v = __shfl_up_sync(dev::kFullMask, incl, off);
-    if (lane >= off) incl += v;
-  }
-  if (lane == 31) s_warp_sum[warp] = incl;
-  __syncthreads();
-  const int32_t warp_sum = s_warp_sum[lane];
-  int32_t warps_incl = warp_sum;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int32_t v = __shfl_up_sync(dev::kFullMask, warps_incl, off);
-    if (lane >= off) warps_incl += v;
-  }
-  const int32_t warp_offset = __shfl_sync(dev::kFullMask, warps_incl - warp_sum, warp);
-  if (tid < E) s_start[tid] = warp_offset + incl - padded;
-  if (tid == E - 1) {
-    s_start[E] = warp_offset + incl;
-    *p.num_rows_padded = warp_offset + incl;
-  }
+  scan_padded_starts(total, p.block_m, E, s_warp_sum, s_start);
+  if (tid == E - 1) *p.num_rows_padded = s_start[E];  // this thread wrote it
   __syncthreads();
 
   // Fill: padding rows (fewer than block_m per expert) and block_expert, a warp per expert;
@@ -177,6 +186,108 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   if (warp < seg.active_warps)
     walk_segment(p.topk_ids, E, seg, my_row, [&](int64_t a, int e, int32_t slot) {
       p.sorted_ids[s_start[e] + slot] = int32_t(a);
+    });
+}
+
+// ---- Prefill: many CTAs, one cooperative launch -----------------------------------------------
+// Above kAlignGridMinAssignments the one-CTA kernel is a long serial walk (Qwen3 T=16384: 131072
+// assignments, 280 us). Here CTA c of G (all resident: a cooperative launch) owns the c-th
+// contiguous chunk of rounds and does pass 1 over it as above; it publishes its per-expert counts
+// (and its out-of-range flag) in cta_counts[c], and after one grid-wide barrier every CTA reads
+// all G rows: the totals, the same scan (so every CTA knows every start), and the counts of the
+// CTAs before it, which offset its warps' first slots. Fill is spread over the CTAs by expert;
+// pass 2 scatters each chunk. CTAs in order, then warps, then lanes: still stable.
+
+// Dynamic shared memory: s_rows[kWarps][E], s_start[E+1], s_total[E], s_before[E].
+inline size_t grid_smem_bytes(int experts) { return size_t(kWarps * experts + 3 * experts + 1) * 4; }
+
+__global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
+  dev::pdl_enter();
+  extern __shared__ int32_t smem[];
+  const int E = p.experts;
+  int32_t* s_rows = smem;                  // [kWarps][E]
+  int32_t* s_start = smem + kWarps * E;    // [E + 1]
+  int32_t* s_total = s_start + E + 1;      // [E]
+  int32_t* s_before = s_total + E;         // [E]
+  __shared__ int32_t s_warp_sum[kWarps];
+  const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
+  const int tid = int(threadIdx.x);
+  const int G = int(gridDim.x), c = int(blockIdx.x);
+  const int64_t n = p.num_assign;
+  const int64_t rounds = (n + 31) / 32, rounds_per_cta = (rounds + G - 1) / G;
+  const int64_t c_begin = min(n, int64_t(c) * rounds_per_cta * 32), c_end = min(n, c_begin + rounds_per_cta * 32);
+  const Segment seg = warp_segment(c_begin, c_end, warp);
+  int32_t* my_row = s_rows + warp * E;
+
+  // Pass 1 over this CTA's chunk.
+  bool out_of_range = false;
+  if (warp < seg.active_warps) {
+    for (int e = lane; e < E; e += 32) my_row[e] = 0;
+    __syncwarp();
+    out_of_range = walk_segment(p.topk_ids, E, seg, my_row, [](int64_t, int, int32_t) {});
+  }
+  const bool any_out_of_range = __syncthreads_or(out_of_range);
+
+  // This CTA's totals (published) and its warps' first slots relative to the CTA's share.
+  int32_t* my_counts = p.cta_counts + int64_t(c) * (E + 1);
+  if (tid < E) {
+    int32_t cnt[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) cnt[w] = w < seg.active_warps ? s_rows[w * E + tid] : 0;
+    int32_t total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < seg.active_warps) s_rows[w * E + tid] = total;
+      total += cnt[w];
+    }
+    my_counts[tid] = total;
+  }
+  if (tid == 0) my_counts[E] = any_out_of_range ? 1 : 0;
+  __threadfence();
+  cooperative_groups::this_grid().sync();
+
+  // Every expert's total and the counts of the CTAs before this one (L2 reads: other SMs wrote).
+  int32_t total = 0;
+  if (tid < E) {
+    int32_t before = 0;
+    for (int g0 = 0; g0 < G; g0 += 16) {  // 16 loads in flight, then the sums
+      int32_t v[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = g0 + i < G ? __ldcg(p.cta_counts + int64_t(g0 + i) * (E + 1) + tid) : 0;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        if (g0 + i < c) before += v[i];
+        total += v[i];
+      }
+    }
+    s_total[tid] = total;
+    s_before[tid] = before;
+    if (c == 0) p.expert_counts[tid] = total;
+  }
+  if (c == 0 && tid == 0) {
+    int32_t flags = 0;
+    for (int g = 0; g < G; ++g) flags |= __ldcg(p.cta_counts + int64_t(g) * (E + 1) + E);
+    *p.status = flags ? kStatusExpertIdOutOfRange : 0;
+  }
+
+  // The scan of the padded totals (as the one-CTA kernel), in every CTA.
+  scan_padded_starts(total, p.block_m, E, s_warp_sum, s_start);
+  if (c == 0 && tid == E - 1) *p.num_rows_padded = s_start[E];  // this thread wrote it
+  __syncthreads();
+
+  // Fill, expert e by CTA e % G (a warp per expert), and block_expert = -1 past the end.
+  for (int e = c + warp * G; e < E; e += kWarps * G) {
+    const int32_t start = s_start[e], end = s_start[e + 1];
+    for (int32_t r = start + s_total[e] + lane; r < end; r += 32) p.sorted_ids[r] = int32_t(n);
+    for (int32_t b = start / p.block_m + lane; b < end / p.block_m; b += 32) p.block_expert[b] = e;
+  }
+  for (int64_t b = s_start[E] / p.block_m + int64_t(c) * kThreads + tid; b < p.max_blocks; b += int64_t(G) * kThreads)
+    p.block_expert[b] = -1;
+
+  // Pass 2: this chunk's assignments at start + (CTAs before) + (warps before) + rank.
+  if (warp < seg.active_warps)
+    walk_segment(p.topk_ids, E, seg, my_row, [&](int64_t a, int e, int32_t slot) {
+      p.sorted_ids[s_start[e] + s_before[e] + slot] = int32_t(a);
     });
 }
 

@@ -152,7 +152,7 @@ int64_t round_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 struct Layout {
   int64_t router_logits, topk_ids, topk_weights, sorted_ids, block_expert, num_rows_padded, expert_counts, status,
-      act, y_rows, y_partials, total;
+      act, y_rows, y_partials, align_scratch, total;
 };
 
 Layout layout_of(const ForwardPlan& p) {
@@ -172,6 +172,7 @@ Layout layout_of(const ForwardPlan& p) {
   l.act = take(p.max_rows * s.inter * 2);
   l.y_rows = take(tk * s.hidden * 2);
   l.y_partials = take(p.down_splits > 1 ? p.down_splits * tk * s.hidden * 4 : 0);
+  l.align_scratch = take(tk > kAlignGridMinAssignments ? int64_t(kAlignMaxCtas) * (s.experts + 1) * 4 : 0);
   l.total = off;
   return l;
 }
@@ -207,6 +208,8 @@ Workspace detail::carve_named(const ForwardPlan& p, void* base, size_t bytes, co
   ws.y_rows = Tensor(b + l.y_rows, DType::bf16, {tk, s.hidden});
   if (p.down_splits > 1)
     ws.y_partials = Tensor(b + l.y_partials, DType::f32, {int64_t(p.down_splits), tk, s.hidden});
+  if (tk > kAlignGridMinAssignments)
+    ws.align_scratch = Tensor(b + l.align_scratch, DType::i32, {int64_t(kAlignMaxCtas), s.experts + 1});
   return ws;
 }
 

@@ -75,5 +75,22 @@ TEST(SplitKCombine, Validation) {
                                                    Tensor(fake_ptr(1), DType::f32, {4, 64}), nullptr); }, "y"));
 }
 
+// The multi-CTA align's scratch: carved exactly when T*k is past the one-CTA kernel's range.
+TEST(AlignPlan, WorkspaceHoldsTheGridScratchOnlyWhenUsed) {
+  const GemmConfig c = compiled_gemm_configs().front();
+  for (int64_t T : {int64_t(1), kAlignGridMinAssignments / 2, kAlignGridMinAssignments / 2 + 1, int64_t(100000)}) {
+    const ForwardPlan p = plan_forward_with({T, 256, 512, 64, 2}, c, c, 1);
+    const Workspace ws = carve_workspace(p, fake_ptr(1), workspace_bytes(p));
+    const bool grid = T * 2 > kAlignGridMinAssignments;
+    ASSERT_EQ(ws.align_scratch.given(), grid) << "T=" << T;
+    if (!grid) continue;
+    EXPECT_EQ(ws.align_scratch.dim(0), kAlignMaxCtas);
+    EXPECT_EQ(ws.align_scratch.dim(1), 65);
+    const char* end = static_cast<const char*>(fake_ptr(1)) + workspace_bytes(p);
+    EXPECT_LE(static_cast<const char*>(ws.align_scratch.data) + ws.align_scratch.bytes(), end);
+    EXPECT_GE(static_cast<const char*>(ws.align_scratch.data), static_cast<const char*>(ws.y_rows.data) + ws.y_rows.bytes());
+  }
+}
+
 }  // namespace
 }  // namespace moekit::testing

@@ -56,6 +56,9 @@ TEST_F(AlignTest, AdversarialRoutings) {
     check(make_routing(RoutingKind::AllOnOne, 300, 4, 16, rng), 300, 4, 16, cfg);
     check(make_routing(RoutingKind::EmptyExperts, 200, 2, 64, rng), 200, 2, 64, cfg);
     check(make_routing(RoutingKind::SingleToken, 1, 8, 256, rng), 1, 8, 256, cfg);
+    // Past kAlignGridMinAssignments: the cooperative multi-CTA kernel.
+    check(make_routing(RoutingKind::AllOnOne, 5000, 1, 16, rng), 5000, 1, 16, cfg);
+    check(make_routing(RoutingKind::EmptyExperts, 3000, 2, 64, rng), 3000, 2, 64, cfg);
     // Per-expert counts 0, 1, BLOCK_M, BLOCK_M+1 (and 0 at both ends).
     const int64_t bm = cfg.block_m;
     const std::vector<int64_t> counts = {0, 1, bm, bm + 1, 0, 2 * bm - 1, 1, 0};
@@ -64,6 +67,18 @@ TEST_F(AlignTest, AdversarialRoutings) {
     const int64_t k = 1;
     check(routing_with_counts(counts, k), total / k, k, int64_t(counts.size()), cfg);
   }
+}
+
+// Both kernels around the switch (kAlignGridMinAssignments), and the grid kernel with as many
+// CTAs as it may use, with out-of-range ids reported from any CTA.
+TEST_F(AlignTest, OneCtaAndGridKernelsAroundTheSwitch) {
+  std::mt19937_64 rng(fresh_seed());
+  const GemmConfig cfg = compiled_gemm_configs().front();
+  for (int64_t n : {kAlignGridMinAssignments, kAlignGridMinAssignments + 1, int64_t(40000), int64_t(700000)})
+    for (int64_t E : {8, 256, 512}) check(make_routing(RoutingKind::Uniform, n, 1, E, rng), n, 1, E, cfg);
+  std::vector<int32_t> ids = make_routing(RoutingKind::Uniform, 600000, 1, 64, rng);
+  ids[size_t(599999)] = 64;  // in the last CTA's chunk
+  check(ids, 600000, 1, 64, cfg, kStatusExpertIdOutOfRange);
 }
 
 TEST_F(AlignTest, LargeAssignmentCount) {
