@@ -1,5 +1,6 @@
 """moekit._torch_util — what moekit.torch and moekit.stages share: DLPack hand-over, the
-current stream, cached plans, and argument validation that names the argument.
+current stream, cached plans, argument validation that names the argument, and vLLM's argument
+names (aliases of moekit's).
 
 Tensors cross into C++ as DLPack capsules (``torch.utils.dlpack.to_dlpack``), zero-copy.
 NOTES: not through ``Tensor.__dlpack__()``: called without a stream (as a DLPack consumer such
@@ -157,3 +158,56 @@ def _check_router(fn: str, T: int, H: int, E: int, x, router_logits, w_gate, bia
         _check(fn, "w_gate", w_gate, (torch.bfloat16, torch.float32), (("E", E), ("H", H)), x.device)
     if bias is not None:
         _check(fn, "e_score_correction_bias", bias, (torch.float32,), (("E", E),), x.device)
+
+
+def _check_no_overlap(fn: str, arg: str, out: Tensor, **inputs):
+    """out must share no memory with an input: a kernel may write out while another still reads
+    the input. Real tensors only (it reads data pointers): called inside the ops' eager bodies."""
+    if out.numel() == 0:
+        return
+    lo, hi = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
+    for name, t in inputs.items():
+        if t is not None and t.numel() > 0 and t.device == out.device:
+            t_lo = t.data_ptr()
+            if t_lo < hi and lo < t_lo + t.numel() * t.element_size():
+                _fail(fn, arg, f"overlaps '{name}' in memory; give a separate buffer")
+
+
+# ---- vLLM's argument names ------------------------------------------------------------------
+# fused_moe / fused_experts / route take the names vLLM's fused_moe, fused_experts and FusedMoE
+# use, as keyword aliases of moekit's: hidden_states (x), w1 (w13), gating_output
+# (router_logits), topk (top_k), use_grouped_topk. The other routing names are the same in both.
+
+def _alias(fn: str, name: str, value, alias: str, alias_value):
+    """The argument `name`, given by moekit's name or by vLLM's (`alias`), not by both."""
+    if alias_value is None:
+        return value
+    if value is not None:
+        raise TypeError(f"moekit.{fn}: got both '{name}' and '{alias}' (vLLM's name for '{name}'); pass one of them")
+    return alias_value
+
+
+def _required(fn: str, name: str, value, alias: Optional[str] = None):
+    if value is None:
+        also = f" (vLLM's name: '{alias}')" if alias else ""
+        raise TypeError(f"moekit.{fn}: missing argument '{name}'{also}")
+    return value
+
+
+def _grouped_topk(fn: str, use_grouped_topk, num_expert_group, topk_group) -> tuple:
+    """vLLM's use_grouped_topk flag, checked against moekit's rule: grouped top-k runs exactly when
+    num_expert_group and topk_group are given. Returns (num_expert_group, topk_group).
+    NOTES: vLLM ignores the group sizes when the flag is False; here that contradiction is an
+    error rather than a silently different routing."""
+    if use_grouped_topk is None:
+        return num_expert_group, topk_group
+    if not isinstance(use_grouped_topk, bool):
+        raise TypeError(f"moekit.{fn}: argument 'use_grouped_topk': expected a bool, got "
+                        f"{type(use_grouped_topk).__name__}")
+    if use_grouped_topk and (num_expert_group is None or topk_group is None):
+        _fail(fn, "use_grouped_topk", f"is True but num_expert_group={num_expert_group}, topk_group={topk_group}: "
+                                      "grouped top-k needs both")
+    if not use_grouped_topk and (num_expert_group is not None or topk_group is not None):
+        _fail(fn, "use_grouped_topk", f"is False but num_expert_group={num_expert_group}, topk_group={topk_group} "
+                                      "ask for grouped top-k: drop them, or pass use_grouped_topk=True")
+    return num_expert_group, topk_group

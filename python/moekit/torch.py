@@ -1,9 +1,10 @@
 """moekit.torch — moekit on PyTorch tensors: custom ops, ``fused_moe``, and the ``MoE`` module.
 
 Each call validates its arguments (a ``moekit.Error``, a ValueError, naming the argument), then
-runs a torch custom op (``torch.ops.moekit.*``). The ops have fake (meta) implementations, so
-``torch.compile`` traces through them with no graph break, and their CUDA work is enqueued on
-the current torch stream with no host synchronisation, so they capture in ``torch.cuda.graph``.
+runs a torch custom op (``torch.ops.moekit.*``; ``fused_moe_out``/``fused_experts_out`` when the
+caller gives ``out=``). The ops have fake (meta) implementations, so ``torch.compile`` traces
+through them with no graph break, and their CUDA work is enqueued on the current torch stream
+with no host synchronisation, so they capture in ``torch.cuda.graph``.
 The workspace comes from PyTorch's caching allocator (``torch.empty(uint8)``; inside a CUDA
 graph, from the graph's private pool).
 
@@ -20,8 +21,8 @@ import torch
 from torch import Tensor
 
 from . import _moekit as _C
-from ._torch_util import (_check, _check_experts, _check_router, _check_routing, _dl, _fail, _forward_only, _plan,
-                          _stream, _workspace, plan)
+from ._torch_util import (_alias, _check, _check_experts, _check_no_overlap, _check_router, _check_routing, _dl,
+                          _fail, _forward_only, _grouped_topk, _plan, _required, _stream, _workspace, plan)
 from .hf import moe_from_hf, pack_experts, pack_hf_moe, pack_hf_state_dict, routing_from_hf_config
 from .stages import Workspace, align, expert_down, expert_up
 
@@ -34,20 +35,30 @@ __all__ = [
 
 # ---- custom ops -----------------------------------------------------------------------------
 
-@torch.library.custom_op("moekit::fused_moe", mutates_args=())
-def _fused_moe_op(x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
-                  w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int,
-                  renormalize: bool, scoring_func: str, num_expert_group: int, topk_group: int,
-                  routed_scaling_factor: float) -> Tensor:
+# Each layer op comes twice: functional (allocates y) and an out-variant (`*_out`, writes the
+# caller's y, declared mutated), both on one eager body.
+
+def _fused_moe_into(y: Tensor, x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
+                    w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int, renormalize: bool,
+                    scoring_func: str, num_expert_group: int, topk_group: int, routed_scaling_factor: float):
     T, H = x.shape
     E, F2 = w13.shape[0], w13.shape[1]
     p = _plan(T, H, F2 // 2, E, top_k, x.device.index)
-    y = torch.empty((T, H), dtype=x.dtype, device=x.device)
     ws = _workspace(p, x.device)
     _C.moe_forward(p, _dl(x), _dl(w_gate), _dl(router_logits), _dl(score_bias), _dl(w13), _dl(w2),
                    _dl(y), _dl(ws), scoring=scoring_func, renormalize=renormalize,
                    n_group=num_expert_group, topk_group=topk_group,
                    routed_scaling_factor=routed_scaling_factor, stream=_stream(x.device))
+
+
+@torch.library.custom_op("moekit::fused_moe", mutates_args=())
+def _fused_moe_op(x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
+                  w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int,
+                  renormalize: bool, scoring_func: str, num_expert_group: int, topk_group: int,
+                  routed_scaling_factor: float) -> Tensor:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _fused_moe_into(y, x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
+                    num_expert_group, topk_group, routed_scaling_factor)
     return y
 
 
@@ -57,22 +68,55 @@ def _(x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("moekit::fused_experts", mutates_args=())
-def _fused_experts_op(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor,
-                      topk_ids: Tensor) -> Tensor:
+@torch.library.custom_op("moekit::fused_moe_out", mutates_args=("y",))
+def _fused_moe_out_op(x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
+                      w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int,
+                      renormalize: bool, scoring_func: str, num_expert_group: int, topk_group: int,
+                      routed_scaling_factor: float, y: Tensor) -> None:
+    _check_no_overlap("fused_moe", "out", y, x=x, w13=w13, w2=w2, router_logits=router_logits, w_gate=w_gate,
+                      e_score_correction_bias=score_bias)
+    _fused_moe_into(y, x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
+                    num_expert_group, topk_group, routed_scaling_factor)
+
+
+@_fused_moe_out_op.register_fake
+def _(x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
+      num_expert_group, topk_group, routed_scaling_factor, y):
+    return None
+
+
+def _fused_experts_into(y: Tensor, x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor):
     T, H = x.shape
     E, F2 = w13.shape[0], w13.shape[1]
     p = _plan(T, H, F2 // 2, E, topk_ids.shape[1], x.device.index)
-    y = torch.empty((T, H), dtype=x.dtype, device=x.device)
     ws = _workspace(p, x.device)
     _C.experts_forward(p, _dl(x), _dl(w13), _dl(w2), _dl(topk_ids), _dl(topk_weights), _dl(y),
                        _dl(ws), stream=_stream(x.device))
+
+
+@torch.library.custom_op("moekit::fused_experts", mutates_args=())
+def _fused_experts_op(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor,
+                      topk_ids: Tensor) -> Tensor:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _fused_experts_into(y, x, w13, w2, topk_weights, topk_ids)
     return y
 
 
 @_fused_experts_op.register_fake
 def _(x, w13, w2, topk_weights, topk_ids):
     return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("moekit::fused_experts_out", mutates_args=("y",))
+def _fused_experts_out_op(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                          y: Tensor) -> None:
+    _check_no_overlap("fused_experts", "out", y, x=x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids)
+    _fused_experts_into(y, x, w13, w2, topk_weights, topk_ids)
+
+
+@_fused_experts_out_op.register_fake
+def _(x, w13, w2, topk_weights, topk_ids, y):
+    return None
 
 
 @torch.library.custom_op("moekit::route", mutates_args=())
@@ -117,11 +161,14 @@ def _(y_rows, top_k):
 
 # ---- the public functions -------------------------------------------------------------------
 
-def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor] = None,
-              w_gate: Optional[Tensor] = None, top_k: Optional[int] = None, renormalize: bool = False,
-              scoring_func: str = "softmax", num_expert_group: Optional[int] = None,
+def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Optional[Tensor] = None,
+              router_logits: Optional[Tensor] = None, w_gate: Optional[Tensor] = None, top_k: Optional[int] = None,
+              renormalize: bool = False, scoring_func: str = "softmax", num_expert_group: Optional[int] = None,
               topk_group: Optional[int] = None, e_score_correction_bias: Optional[Tensor] = None,
-              routed_scaling_factor: float = 1.0) -> Tensor:
+              routed_scaling_factor: float = 1.0, *, out: Optional[Tensor] = None,
+              hidden_states: Optional[Tensor] = None, w1: Optional[Tensor] = None,
+              gating_output: Optional[Tensor] = None, topk: Optional[int] = None,
+              use_grouped_topk: Optional[bool] = None) -> Tensor:
     """One MoE layer: y = Σ_j w_j · FFN_{e_j}(x), routing included.
 
     x [T, H] bf16; w13 [E, 2F, H] bf16 (gate rows, then up rows); w2 [E, H, F] bf16. Routing
@@ -129,26 +176,62 @@ def fused_moe(x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor
     FP32). scoring_func "softmax" | "sigmoid"; num_expert_group/topk_group: grouped top-k
     (DeepSeek-V3), e_score_correction_bias [E] float32 picks experts, unbiased scores weigh them;
     renormalize divides the top-k weights by their sum; routed_scaling_factor multiplies them.
-    Returns y [T, H] bf16. Equal scores: the lower expert id wins; bitwise deterministic.
+    Returns y [T, H] bf16, written into `out` when given (bf16 [T, H], contiguous, on x's device,
+    sharing no memory with an input). Equal scores: the lower expert id wins; bitwise deterministic.
+
+    vLLM's names (its fused_moe, fused_experts, FusedMoE) are keyword aliases; giving both names
+    of one argument is a TypeError:
+
+        vLLM                 moekit
+        hidden_states        x
+        w1                   w13 (same layout: [E, 2F, H], gate rows then up rows)
+        gating_output        router_logits
+        topk                 top_k
+        use_grouped_topk     True: num_expert_group and topk_group must be given (grouped top-k
+                             runs exactly when they are); False: they must not be
+        renormalize, scoring_func, num_expert_group, topk_group, e_score_correction_bias,
+        routed_scaling_factor: the same names.
+
+    Positional arguments follow moekit's order: after gating_output, vLLM's (topk, renormalize)
+    go by keyword.
     """
     fn = "fused_moe"
+    x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
+    w13 = _required(fn, "w13", _alias(fn, "w13", w13, "w1", w1), "w1")
+    w2 = _required(fn, "w2", w2)
+    router_logits = _alias(fn, "router_logits", router_logits, "gating_output", gating_output)
+    top_k = _alias(fn, "top_k", top_k, "topk", topk)
+    num_expert_group, topk_group = _grouped_topk(fn, use_grouped_topk, num_expert_group, topk_group)
+    if w_gate is not None and not isinstance(w_gate, torch.Tensor):
+        raise TypeError(f"moekit.{fn}: argument 'w_gate': expected a torch.Tensor, got {type(w_gate).__name__} "
+                        "(vLLM's positional (gating_output, topk, renormalize): pass top_k= and renormalize= "
+                        "by keyword)")
     T, H, F, E = _check_experts(fn, x, w13, w2)
     _check_router(fn, T, H, E, x, router_logits, w_gate, e_score_correction_bias)
     top_k, n_group, t_group = _check_routing(fn, E, top_k, scoring_func, num_expert_group, topk_group,
                                              routed_scaling_factor)
     _forward_only(fn, x=x, w13=w13, w2=w2, router_logits=router_logits, w_gate=w_gate,
                   e_score_correction_bias=e_score_correction_bias)
-    return torch.ops.moekit.fused_moe(x, w13, w2, router_logits, w_gate, e_score_correction_bias, top_k,
-                                      bool(renormalize), scoring_func, n_group, t_group,
-                                      float(routed_scaling_factor))
+    args = (x, w13, w2, router_logits, w_gate, e_score_correction_bias, top_k, bool(renormalize), scoring_func,
+            n_group, t_group, float(routed_scaling_factor))
+    if out is None:
+        return torch.ops.moekit.fused_moe(*args)
+    _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
+    torch.ops.moekit.fused_moe_out(*args, out)
+    return out
 
 
-def fused_experts(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Optional[Tensor] = None,
+                  topk_weights: Optional[Tensor] = None, topk_ids: Optional[Tensor] = None, *,
+                  out: Optional[Tensor] = None, hidden_states: Optional[Tensor] = None,
+                  w1: Optional[Tensor] = None) -> Tensor:
     """The experts with the routing given (vLLM's argument order): topk_weights [T, k] float32,
     topk_ids [T, k] int32 in [0, E). An id outside is not checked on the host (that would sync):
     align skips it and flags the workspace (Workspace.check_status in the staged API), and the
-    token's output is undefined."""
+    token's output is undefined. `out` and vLLM's names (hidden_states = x, w1 = w13) as in fused_moe."""
     fn = "fused_experts"
+    x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
+    w13 = _required(fn, "w13", _alias(fn, "w13", w13, "w1", w1), "w1")
     T, H, F, E = _check_experts(fn, x, w13, w2)
     _check(fn, "topk_ids", topk_ids, (torch.int32,), (("T", T), ("k", None)), x.device)
     k = topk_ids.shape[1]
@@ -156,7 +239,11 @@ def fused_experts(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk
         _fail(fn, "topk_ids", f"k must be in [1, {_C.MAX_TOPK}], got {k}")
     _check(fn, "topk_weights", topk_weights, (torch.float32,), (("T", T), ("k", k)), x.device)
     _forward_only(fn, x=x, w13=w13, w2=w2, topk_weights=topk_weights)
-    return torch.ops.moekit.fused_experts(x, w13, w2, topk_weights, topk_ids)
+    if out is None:
+        return torch.ops.moekit.fused_experts(x, w13, w2, topk_weights, topk_ids)
+    _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
+    torch.ops.moekit.fused_experts_out(x, w13, w2, topk_weights, topk_ids, out)
+    return out
 
 
 def route(x: Optional[Tensor] = None, w_gate: Optional[Tensor] = None,
@@ -164,10 +251,16 @@ def route(x: Optional[Tensor] = None, w_gate: Optional[Tensor] = None,
           renormalize: bool = False, scoring_func: str = "softmax",
           num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
           e_score_correction_bias: Optional[Tensor] = None,
-          routed_scaling_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+          routed_scaling_factor: float = 1.0, *, hidden_states: Optional[Tensor] = None,
+          gating_output: Optional[Tensor] = None, topk: Optional[int] = None,
+          use_grouped_topk: Optional[bool] = None) -> tuple[Tensor, Tensor]:
     """The router alone: (topk_weights [T, k] float32, topk_ids [T, k] int32), from router_logits
-    [T, E] float32 or from x [T, H] bf16 and w_gate [E, H]. Same options as fused_moe."""
+    [T, E] float32 or from x [T, H] bf16 and w_gate [E, H]. Same options and vLLM names as fused_moe."""
     fn = "route"
+    x = _alias(fn, "x", x, "hidden_states", hidden_states)
+    router_logits = _alias(fn, "router_logits", router_logits, "gating_output", gating_output)
+    top_k = _alias(fn, "top_k", top_k, "topk", topk)
+    num_expert_group, topk_group = _grouped_topk(fn, use_grouped_topk, num_expert_group, topk_group)
     if router_logits is not None:
         _check(fn, "router_logits", router_logits, (torch.float32,), (("T", None), ("E", None)))
         T, E = router_logits.shape

@@ -1,4 +1,4 @@
-"""Helpers of the GPU tests: seeded inputs and the error bound."""
+"""Helpers of the GPU tests: seeded inputs, poisoned outputs and the error bound."""
 import torch
 
 # bf16 operands and bf16 intermediates (act, the weighted rows, y) against an FP32 reference on
@@ -13,6 +13,17 @@ def gen(seed: int) -> torch.Generator:
 
 def randn(*shape, seed: int, dtype=torch.bfloat16, std: float = 1.0) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="cuda").normal_(0, std, generator=gen(seed))
+
+
+def poisoned(*shape, dtype=torch.bfloat16) -> torch.Tensor:
+    """An output buffer of NaN (pass it as out=): a row the kernel skips stays NaN and fails every
+    comparison, where a fresh torch.empty might hold a stale right answer or zeros."""
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def poison_(buf: torch.Tensor) -> torch.Tensor:
+    """Fills a byte buffer (a Workspace) with 0xff: NaN as bf16 and float32, -1 as int32."""
+    return buf.fill_(0xFF)
 
 
 def small_layer(H=1024, F=512, E=16, seed=0) -> dict:

@@ -1,6 +1,8 @@
 """GPU tests: moekit against the PyTorch FP32 reference (the naive per-expert loop) for the
-DESIGN.md presets and adversarial routings, the staged API, determinism and the low-level
-DLPack entries. Skipped without a Hopper GPU (see conftest.py)."""
+DESIGN.md presets and adversarial routings, the staged API, determinism, vLLM's argument names
+and the low-level DLPack entries. Every output compared is written into a NaN-poisoned buffer
+(out=, a poisoned Workspace), so a row the kernels skip fails the comparison. Skipped without a
+Hopper GPU (see conftest.py)."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,7 +14,7 @@ from moekit.bench import grouped_mm_experts, make_weights  # noqa: E402
 from moekit.presets import PRESETS  # noqa: E402
 from moekit.reference import experts_reference, rel_norm_error, routing_matches  # noqa: E402
 
-from gpu_util import BOUND, randn, small_layer  # noqa: E402
+from gpu_util import BOUND, poison_, poisoned, randn, small_layer  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -42,18 +44,18 @@ def test_preset_against_fp32_reference(preset, tokens):
                               **p.routing)
         assert why is None, why
         y = moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=p.top_k, e_score_correction_bias=bias,
-                             **p.routing)
+                             out=poisoned(tokens, p.hidden), **p.routing)
         want = experts_reference(x, w["w13"], w["w2"], topk_w, topk_ids)
     assert y.shape == (tokens, p.hidden) and y.dtype == torch.bfloat16
     err = rel_norm_error(y, want)
     assert err <= BOUND, f"{p.name} T={tokens}: relative norm error {err:.2e} > {BOUND}"
     # Same kernels, same bits: the whole layer equals router + experts.
-    assert torch.equal(y, moekit.fused_experts(x, w["w13"], w["w2"], topk_w, topk_ids))
+    assert torch.equal(y, moekit.fused_experts(x, w["w13"], w["w2"], topk_w, topk_ids, out=poisoned(tokens, p.hidden)))
     # Router logits given instead of w_gate: the same routing contract.
     y_logits = moekit.fused_moe(x, w["w13"], w["w2"], router_logits=logits, top_k=p.top_k,
-                                e_score_correction_bias=bias, **p.routing)
+                                e_score_correction_bias=bias, out=poisoned(tokens, p.hidden), **p.routing)
     w_l, ids_l = mt.route(router_logits=logits, top_k=p.top_k, e_score_correction_bias=bias, **p.routing)
-    assert torch.equal(y_logits, moekit.fused_experts(x, w["w13"], w["w2"], w_l, ids_l))
+    assert torch.equal(y_logits, moekit.fused_experts(x, w["w13"], w["w2"], w_l, ids_l, out=poisoned(tokens, p.hidden)))
     # Same logits on both sides: only exp/sigmoid and the sums differ, the weights agree to 1e-5.
     why = routing_matches(logits, w_l, ids_l, p.top_k, e_score_correction_bias=bias, **p.routing)
     assert why is None, why
@@ -105,11 +107,12 @@ def test_adversarial_routings(name):
     x = randn(T, 1024, seed=11)
     weights = torch.rand((T, k), generator=torch.Generator(device="cuda").manual_seed(3), device="cuda") + 0.1
     with torch.no_grad():
-        y = moekit.fused_experts(x, w["w13"], w["w2"], weights, ids)
+        y = moekit.fused_experts(x, w["w13"], w["w2"], weights, ids, out=poisoned(T, 1024))
         want = experts_reference(x, w["w13"], w["w2"], weights, ids)
     err = rel_norm_error(y, want)
     assert err <= BOUND, f"{name}: relative norm error {err:.2e} > {BOUND}"
-    assert torch.equal(y, moekit.fused_experts(x, w["w13"], w["w2"], weights, ids)), "not deterministic"
+    assert torch.equal(y, moekit.fused_experts(x, w["w13"], w["w2"], weights, ids, out=poisoned(T, 1024))), \
+        "not deterministic"
 
 
 def test_block_m_of_adversarial_counts():
@@ -133,14 +136,15 @@ def test_qwen3_shape_one_token_per_expert_and_decode():
         x = randn(T, p.hidden, seed=T)
         ids = torch.stack([torch.randperm(p.experts, device="cuda")[:p.top_k] for _ in range(T)]).int()
         weights = torch.softmax(randn(T, p.top_k, seed=T + 1, dtype=torch.float32), dim=-1)
-        y = moekit.fused_experts(x, w["w13"], w["w2"], weights, ids)
+        y = moekit.fused_experts(x, w["w13"], w["w2"], weights, ids, out=poisoned(T, p.hidden))
         assert rel_norm_error(y, experts_reference(x, w["w13"], w["w2"], weights, ids)) <= BOUND
 
 
 def test_bitwise_deterministic():
     w = small_layer()
     x = randn(513, 1024, seed=2)
-    runs = [moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=4, renormalize=True) for _ in range(3)]
+    runs = [moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=4, renormalize=True,
+                             out=poisoned(513, 1024)) for _ in range(3)]
     assert all(torch.equal(runs[0], r) for r in runs[1:])
 
 
@@ -151,11 +155,12 @@ def test_staged_api_matches_fused_and_exposes_the_aligned_layout(T):
     x = randn(T, H, seed=4)
     topk_w, topk_ids = mt.route(x, w["w_gate"], top_k=k, renormalize=True)
     ws = stages.Workspace(T, H, F, E, k)
+    poison_(ws.buffer)  # every stage must write what the next one reads
     stages.align(ws, topk_ids)
     stages.expert_up(ws, x, w["w13"])
     stages.expert_down(ws, w["w2"], topk_w)
-    y = stages.combine(ws)
-    assert torch.equal(y, moekit.fused_experts(x, w["w13"], w["w2"], topk_w, topk_ids))
+    y = stages.combine(ws, out=poisoned(T, H))
+    assert torch.equal(y, moekit.fused_experts(x, w["w13"], w["w2"], topk_w, topk_ids, out=poisoned(T, H)))
     if ws.plan.down_splits == 1:
         assert torch.equal(y, mt.combine(ws.view("y_rows"), k))
     else:
@@ -179,6 +184,26 @@ def test_staged_api_matches_fused_and_exposes_the_aligned_layout(T):
     assert torch.equal(block_expert, torch.repeat_interleave(torch.arange(E, device="cuda"), (counts + bm - 1) // bm))
 
 
+def test_vllm_names_give_the_same_layer():
+    """A call with vLLM's names (hidden_states, w1, gating_output, topk, use_grouped_topk) is the same
+    layer, bit for bit, as moekit's (DeepSeek-V3's routing options: grouped, sigmoid, biased)."""
+    E, k, T = 16, 4, 37
+    w = small_layer(E=E)
+    x = randn(T, 1024, seed=9)
+    logits = randn(T, E, seed=10, dtype=torch.float32)
+    bias = randn(E, seed=11, dtype=torch.float32, std=0.1)
+    routing = dict(renormalize=True, scoring_func="sigmoid", num_expert_group=4, topk_group=2,
+                   e_score_correction_bias=bias, routed_scaling_factor=2.5)
+    y = moekit.fused_moe(x, w["w13"], w["w2"], router_logits=logits, top_k=k, out=poisoned(T, 1024), **routing)
+    y_vllm = moekit.fused_moe(hidden_states=x, w1=w["w13"], w2=w["w2"], gating_output=logits, topk=k,
+                              use_grouped_topk=True, out=poisoned(T, 1024), **routing)
+    assert torch.equal(y, y_vllm)
+    topk_w, topk_ids = mt.route(router_logits=logits, top_k=k, **routing)
+    assert rel_norm_error(y, experts_reference(x, w["w13"], w["w2"], topk_w, topk_ids)) <= BOUND
+    assert torch.equal(y, moekit.fused_experts(hidden_states=x, w1=w["w13"], w2=w["w2"], topk_weights=topk_w,
+                                               topk_ids=topk_ids, out=poisoned(T, 1024)))
+
+
 def test_out_of_range_ids_are_reported():
     E, k, T = 16, 4, 8
     ids = torch.randint(0, E, (T, k), device="cuda", dtype=torch.int32)
@@ -199,7 +224,7 @@ def test_low_level_entries_take_any_dlpack_array():
     """The nanobind entries on torch tensors directly (Tensor.__dlpack__) and on an explicit stream."""
     T, k, H = 33, 4, 1024
     y_rows = randn(T * k, H, seed=1)
-    y = torch.empty((T, H), dtype=torch.bfloat16, device="cuda")
+    y = poisoned(T, H)
     s = torch.cuda.current_stream()
     moekit.combine(y_rows, k, y, stream=s.cuda_stream)
     assert torch.equal(y, mt.combine(y_rows, k))

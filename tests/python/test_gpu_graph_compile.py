@@ -1,6 +1,6 @@
 """GPU tests: the torch custom ops under torch.compile (fullgraph, dynamic shapes, inductor's
-CUDA graphs) and under torch.cuda.graph capture + replay on new inputs. Same kernels, so the
-results must equal eager ones bit for bit."""
+CUDA graphs) and under torch.cuda.graph capture + replay on new inputs, the out= variants too.
+Same kernels, so the results must equal eager ones bit for bit."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -56,6 +56,31 @@ def test_torch_compile_route_and_experts(layer):
 
     x = randn(100, H, seed=8)
     assert torch.equal(torch.compile(two_step, fullgraph=True)(x), moe(layer, x))
+
+
+def test_out_variant_under_compile_and_graph_capture(layer):
+    """fused_moe(out=...) runs moekit::fused_moe_out, an op that declares its write to out: inductor
+    functionalizes it, and a captured graph writes the same static buffer on every replay."""
+    torch._dynamo.reset()
+    T = 40
+
+    def into(x, out):
+        moekit.fused_moe(x, layer["w13"], layer["w2"], w_gate=layer["w_gate"], out=out, **ROUTING)
+        return out * 1.0
+
+    x = randn(T, H, seed=12)
+    out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got = torch.compile(into, fullgraph=True)(x, out)
+    assert torch.equal(got, moe(layer, x)) and torch.equal(out, got)
+    static_x = randn(T, H, seed=13)
+    static_out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    g, _ = capture(lambda: moekit.fused_moe(static_x, layer["w13"], layer["w2"], w_gate=layer["w_gate"],
+                                            out=static_out, **ROUTING))
+    static_out.fill_(float("nan"))
+    static_x.copy_(x)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, moe(layer, x))
 
 
 def capture(fn):

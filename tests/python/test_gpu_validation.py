@@ -30,6 +30,23 @@ def test_python_layer_names_the_argument(w):
         moekit.fused_moe(x, w["w13"][:, :, :512].contiguous(), w["w2"], w_gate=w["w_gate"], top_k=K)
 
 
+def test_out_is_validated(w):
+    """out= (CPU tests cover dtype, shape, strides and device on fake tensors): here, on real memory,
+    a buffer that overlaps an input is refused, and a good one is filled and returned."""
+    x = randn(T, H, seed=3)
+    with pytest.raises(moekit.Error, match="fused_moe: argument 'out': overlaps 'x' in memory"):
+        moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K, out=x)
+    ids = torch.zeros((T, K), dtype=torch.int32, device="cuda")
+    wts = torch.ones((T, K), device="cuda")
+    with pytest.raises(moekit.Error, match="fused_experts: argument 'out': overlaps 'x' in memory"):
+        moekit.fused_experts(x, w["w13"], w["w2"], wts, ids, out=x)
+    with pytest.raises(moekit.Error, match="argument 'out': expected dtype bfloat16, got float32"):
+        moekit.fused_experts(x, w["w13"], w["w2"], wts, ids, out=torch.empty((T, H), device="cuda"))
+    out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert moekit.fused_experts(x, w["w13"], w["w2"], wts, ids, out=out) is out
+    assert out.isfinite().all() and torch.equal(out, moekit.fused_experts(x, w["w13"], w["w2"], wts, ids))
+
+
 def test_binding_names_the_argument(w):
     """The low-level entries check what reaches C++: device, dtype, strides, sizes; moekit::Error
     from the library arrives as moekit.Error (a ValueError)."""

@@ -1,6 +1,6 @@
 """CPU tests of moekit.torch (need PyTorch, not a GPU): argument validation names the argument,
-the custom ops' fake implementations, torch.compile tracing through them with no graph break (on
-fake CUDA tensors), and no cached Plan left at exit."""
+vLLM's argument names, the out= variants, the custom ops' fake implementations, torch.compile
+tracing through them with no graph break (on fake CUDA tensors), and no cached Plan left at exit."""
 import subprocess
 import sys
 import textwrap
@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch._subclasses import fake_tensor  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import moekit  # noqa: E402
 import moekit.torch as mt  # noqa: E402
@@ -81,6 +82,14 @@ def z_on_cuda1(*shape, dtype=bf16):
     (lambda: dict(num_expert_group=4, topk_group=5), r"argument 'topk_group': must be in \[1, num_expert_group=4\]"),
     (lambda: dict(num_expert_group=8, topk_group=1), "argument 'topk_group': 1 groups of 1 experts hold fewer"),
     (lambda: dict(routed_scaling_factor=float("nan")), "argument 'routed_scaling_factor'"),
+    (lambda: dict(use_grouped_topk=True), "argument 'use_grouped_topk': is True but num_expert_group=None"),
+    (lambda: dict(use_grouped_topk=False, num_expert_group=4, topk_group=2),
+     "argument 'use_grouped_topk': is False but num_expert_group=4, topk_group=2 ask for grouped top-k"),
+    (lambda: dict(out=z(T, H, dtype=f32)), "argument 'out': expected dtype bfloat16, got float32"),
+    (lambda: dict(out=z(T + 1, H)), r"argument 'out': expected shape \[T, H\] = \[5, 64\], got \[6, 64\]"),
+    (lambda: dict(out=z(H, T).t()), "argument 'out': must be contiguous"),
+    (lambda: dict(out=z(T, H, device="cpu")), "argument 'out': expected a CUDA tensor, got one on cpu"),
+    (lambda: dict(out=z_on_cuda1(T, H)), "argument 'out': is on cuda:1 but 'x' is on cuda:0"),
 ])
 def test_fused_moe_validation_names_the_argument(over, match):
     with FakeTensorMode():
@@ -126,6 +135,98 @@ def test_other_entries_validate():
         assert [r.shape for r in mt.route(router_logits=z(T, E, dtype=f32), top_k=3)] == [(T, 3), (T, 3)]
 
 
+class OpLog(TorchDispatchMode):
+    """Records the moekit custom ops called, with their arguments (the calls run on)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "moekit":
+            self.calls.append((func.name(), args))
+        return func(*args, **(kwargs or {}))
+
+
+def test_vllm_names_map_to_moekit_arguments():
+    """vLLM's names (fused_moe / fused_experts / FusedMoE) reach the op as moekit's arguments."""
+    with FakeTensorMode():
+        t = layer()
+        logits, bias = z(T, E, dtype=f32), z(E, dtype=f32)
+        w, ids = z(T, K, dtype=f32), z(T, K, dtype=i32)
+        routing = dict(renormalize=True, scoring_func="sigmoid", num_expert_group=4, topk_group=2,
+                       e_score_correction_bias=bias, routed_scaling_factor=2.5)
+        with OpLog() as log:
+            moekit.fused_moe(t["x"], t["w13"], t["w2"], router_logits=logits, top_k=K, **routing)
+            moekit.fused_moe(hidden_states=t["x"], w1=t["w13"], w2=t["w2"], gating_output=logits, topk=K,
+                             use_grouped_topk=True, **routing)
+            moekit.fused_moe(t["x"], t["w13"], t["w2"], logits, topk=K, use_grouped_topk=False)
+            moekit.fused_experts(hidden_states=t["x"], w1=t["w13"], w2=t["w2"], topk_weights=w, topk_ids=ids)
+            mt.route(hidden_states=t["x"], gating_output=logits, topk=K, use_grouped_topk=True, num_expert_group=2,
+                     topk_group=1)
+    layer_args = (t["x"], t["w13"], t["w2"], logits)
+    assert log.calls == [
+        ("moekit::fused_moe", layer_args + (None, bias, K, True, "sigmoid", 4, 2, 2.5)),
+        ("moekit::fused_moe", layer_args + (None, bias, K, True, "sigmoid", 4, 2, 2.5)),
+        ("moekit::fused_moe", layer_args + (None, None, K, False, "softmax", 0, 0, 1.0)),
+        ("moekit::fused_experts", (t["x"], t["w13"], t["w2"], w, ids)),
+        ("moekit::route", (None, None, logits, None, K, False, "softmax", 2, 1, 1.0)),
+    ]
+
+
+@pytest.mark.parametrize("entry, name, alias", [
+    ("fused_moe", "x", "hidden_states"), ("fused_moe", "w13", "w1"), ("fused_moe", "router_logits", "gating_output"),
+    ("fused_moe", "top_k", "topk"), ("fused_experts", "x", "hidden_states"), ("fused_experts", "w13", "w1"),
+    ("route", "router_logits", "gating_output"), ("route", "top_k", "topk"),
+])
+def test_an_argument_and_its_vllm_alias_together_raise_type_error(entry, name, alias):
+    with FakeTensorMode():
+        t = layer()
+        value = {"x": t["x"], "w13": t["w13"], "router_logits": z(T, E, dtype=f32), "top_k": K}[name]
+        if entry == "fused_experts":
+            kw = dict(x=t["x"], w13=t["w13"], w2=t["w2"], topk_weights=z(T, K, dtype=f32), topk_ids=z(T, K, dtype=i32))
+            fn = moekit.fused_experts
+        else:
+            kw = dict(router_logits=z(T, E, dtype=f32), top_k=K)
+            kw.update(dict(x=t["x"], w13=t["w13"], w2=t["w2"]) if entry == "fused_moe" else {})
+            fn = moekit.fused_moe if entry == "fused_moe" else mt.route
+        kw[name], kw[alias] = value, value
+        with pytest.raises(TypeError, match=f"moekit.{entry}: got both '{name}' and '{alias}' .vLLM's name"):
+            fn(**kw)
+
+
+def test_vllm_call_errors_name_the_argument():
+    with FakeTensorMode():
+        t = layer()
+        logits = z(T, E, dtype=f32)
+        with pytest.raises(TypeError, match=r"fused_moe: missing argument 'x' \(vLLM's name: 'hidden_states'\)"):
+            moekit.fused_moe(w1=t["w13"], w2=t["w2"], gating_output=logits, topk=K)
+        with pytest.raises(TypeError, match="fused_experts: missing argument 'w13' .vLLM's name: 'w1'"):
+            moekit.fused_experts(t["x"], w2=t["w2"], topk_weights=z(T, K, dtype=f32), topk_ids=z(T, K, dtype=i32))
+        with pytest.raises(TypeError, match="fused_moe: missing argument 'w2'"):
+            moekit.fused_moe(t["x"], t["w13"], gating_output=logits, topk=K)
+        # vLLM's positional order (hidden_states, w1, w2, gating_output, topk, renormalize) differs after
+        # the fourth argument: the int lands on w_gate, and the error says what to do.
+        with pytest.raises(TypeError, match="argument 'w_gate': expected a torch.Tensor, got int .*pass top_k="):
+            moekit.fused_moe(t["x"], t["w13"], t["w2"], logits, K, True)
+        with pytest.raises(TypeError, match="argument 'use_grouped_topk': expected a bool, got int"):
+            moekit.fused_moe(t["x"], t["w13"], t["w2"], logits, topk=K, use_grouped_topk=1)
+
+
+def test_out_runs_the_out_variant_and_returns_out():
+    with FakeTensorMode():
+        t = layer()
+        out = z(T, H)
+        w, ids = z(T, K, dtype=f32), z(T, K, dtype=i32)
+        with OpLog() as log:
+            assert moekit.fused_moe(t["x"], t["w13"], t["w2"], w_gate=t["w_gate"], top_k=K, out=out) is out
+            assert moekit.fused_experts(t["x"], t["w13"], t["w2"], w, ids, out=out) is out
+        assert [name for name, _ in log.calls] == ["moekit::fused_moe_out", "moekit::fused_experts_out"]
+        assert all(args[-1] is out for _, args in log.calls)
+        with pytest.raises(moekit.Error, match=r"fused_experts: argument 'out': expected shape \[T, H\]"):
+            moekit.fused_experts(t["x"], t["w13"], t["w2"], w, ids, out=z(T, H + 1))
+
+
 def test_module_parameters_and_errors():
     m = mt.MoE(H, F, E, K, renormalize=True, device="cpu")
     assert dict((n, tuple(p.shape)) for n, p in m.named_parameters()) == {
@@ -158,6 +259,13 @@ def test_fake_implementations_on_meta():
     y = torch.ops.moekit.fused_experts(t["x"], t["w13"], t["w2"], w, ids)
     assert y.shape == (T, H)
     assert torch.ops.moekit.combine(torch.empty(T * K, H, dtype=bf16, device="meta"), K).shape == (T, H)
+    y = torch.empty(T, H, dtype=bf16, device="meta")
+    assert torch.ops.moekit.fused_moe_out(t["x"], t["w13"], t["w2"], None, t["w_gate"], None, K, True, "softmax", 0, 0,
+                                          1.0, y) is None
+    assert torch.ops.moekit.fused_experts_out(t["x"], t["w13"], t["w2"], w, ids, y) is None
+    # The out-variants declare y written (schema `Tensor(a!) y`), so functionalization sees the write.
+    for op in (torch.ops.moekit.fused_moe_out.default, torch.ops.moekit.fused_experts_out.default):
+        assert [a.name for a in op._schema.arguments if a.alias_info and a.alias_info.is_write] == ["y"]
 
 
 def test_dynamo_traces_fused_moe_and_module_without_graph_break():
@@ -178,9 +286,13 @@ def test_dynamo_traces_fused_moe_and_module_without_graph_break():
         m = mt.MoE(H, F, E, K, device="cuda")
         y = torch.compile(m, backend=backend, fullgraph=True)(torch.empty(2, 3, H, dtype=bf16, device="cuda"))
         assert y.shape == (2, 3, H)
-    assert len(graphs) == 2
-    for gm in graphs:
+        y = torch.compile(lambda x, out: moekit.fused_moe(x, t["w13"], t["w2"], w_gate=t["w_gate"], top_k=K, out=out),
+                          backend=backend, fullgraph=True)(t["x"], z(T, H))
+        assert y.shape == (T, H)
+    assert len(graphs) == 3
+    for gm in graphs[:2]:
         assert "torch.ops.moekit.fused_moe" in gm.code
+    assert "torch.ops.moekit.fused_moe_out" in graphs[2].code
 
 
 def test_forward_only_refuses_inputs_that_need_grad():
