@@ -96,6 +96,8 @@ inline constexpr int kMaxDownSplits = 8;
 // Align runs in one CTA up to this many assignments (decode: a chain of latencies); above it, one
 // cooperative launch of up to kAlignMaxCtas CTAs (one per SM) with a grid-wide barrier.
 inline constexpr int64_t kAlignGridMinAssignments = 4096;
+// The grid's CTA cap, a row each in ws.align_scratch: at least the SM count of every Hopper part
+// (H100 SXM and H200: 132, H100 PCIe: 114); a larger device would use 160 of its SMs.
 inline constexpr int kAlignMaxCtas = 160;
 // The tile configs the library compiles; plan_forward picks among these.
 const std::vector<GemmConfig>& compiled_gemm_configs();

@@ -7,6 +7,7 @@
 #include "align/align.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
+#include "common/per_device.hpp"
 #include "common/validate.hpp"
 
 namespace moekit {
@@ -38,30 +39,30 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
   p.block_m = plan.block_m;
 
   // T = 0 still launches: the GEMMs read num_rows_padded = 0 and block_expert = -1 from it.
-  // Raise the dynamic shared-memory limit once, for the largest E (not per call: capture-safe).
-  static const bool raised = [] {
+  // Raise the dynamic shared-memory limit once per device, for the largest E (not per call).
+  static detail::PerDevice<bool> raised;
+  raised.get([](int) {
     MK_CUDA_CHECK(cudaFuncSetAttribute(kernels::align::align_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(kernels::align::smem_bytes(int(kMaxExperts)))));
     return true;
-  }();
-  (void)raised;
+  });
   nvtxRangePushA("moekit.align");
   if (!grid) {
     const size_t smem = kernels::align::smem_bytes(p.experts);
     detail::launch_pdl("align_kernel", kernels::align::align_kernel, dim3(1), dim3(kernels::align::kThreads), smem, stream, p);
   } else {
-    // Once: the shared-memory limit and how many CTAs can be resident at once (a cooperative
-    // launch needs all of them), capped by the scratch's rows.
-    static const int max_ctas = [] {
+    // Once per device: the shared-memory limit and how many CTAs can be resident at once (a
+    // cooperative launch needs all of them), capped by the scratch's rows.
+    static detail::PerDevice<int> per_device;
+    const int max_ctas = per_device.get([](int device) {
       const int smem = int(kernels::align::grid_smem_bytes(int(kMaxExperts)));
       MK_CUDA_CHECK(cudaFuncSetAttribute(kernels::align::align_grid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-      int device = 0, sms = 0, per_sm = 0;
-      MK_CUDA_CHECK(cudaGetDevice(&device));
+      int sms = 0, per_sm = 0;
       MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
       MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernels::align::align_grid_kernel,
                                                                   kernels::align::kThreads, size_t(smem)));
       return std::max(1, std::min(kAlignMaxCtas, sms * std::max(per_sm, 1)));
-    }();
+    });
     p.cta_counts = ws.align_scratch.as<int32_t>();
     // At least a few rounds per warp: no CTA is launched to count a handful of ids.
     const int64_t wanted = (p.num_assign + 4 * kernels::align::kThreads - 1) / (4 * kernels::align::kThreads);

@@ -1,5 +1,6 @@
 // align.cuh — stage 2: the expert-sorted, block_m-padded order of all T*k assignments, in one
-// CTA and one launch, with no host sync.
+// launch with no host sync: one CTA (align_kernel) up to kAlignGridMinAssignments, a cooperative
+// grid (align_grid_kernel, below) above.
 //
 // The assignments are cut into rounds of 32 (one id per lane); each active warp owns a
 // contiguous segment of rounds. Pass 1: each active warp counts its segment per expert into a

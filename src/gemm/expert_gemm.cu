@@ -7,6 +7,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
+#include "common/per_device.hpp"
 #include "common/validate.hpp"
 #include "gemm/configs.hpp"
 #include "gemm/expert_gemm.cuh"
@@ -20,16 +21,16 @@ template <kernels::gemm::Mode M, int BM, int BN, int BK, int WM, int WN, int ST>
 void launch_instance(kernels::gemm::Params p, int64_t max_blocks, cudaStream_t stream) {
   using Cfg = kernels::gemm::Tile<BM, BN, BK, WM, WN, ST>;
   auto kernel = kernels::gemm::expert_gemm_kernel<M, BM, BN, BK, WM, WN, ST>;
-  // Once per instance: raise the shared-memory limit and size the persistent grid from the
-  // device (SM count x resident CTAs). Not per call: keeps the hot path free of queries.
-  static const int64_t resident_ctas = [&] {
+  // Once per instance and device: raise the shared-memory limit and size the persistent grid
+  // from the device (SM count x resident CTAs). Not per call: keeps the hot path free of queries.
+  static detail::PerDevice<int64_t> resident;
+  const int64_t resident_ctas = resident.get([&](int device) {
     MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
-    int device = 0, sms = 0, per_sm = 0;
-    MK_CUDA_CHECK(cudaGetDevice(&device));
+    int sms = 0, per_sm = 0;
     MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
     return int64_t(sms) * std::max(per_sm, 1);
-  }();
+  });
   const int64_t cols = Cfg::template cols_per_tile<M>();
   p.n_tiles = (p.n_dim + cols - 1) / cols;
   const int64_t k_tiles = (p.k_dim + BK - 1) / BK;

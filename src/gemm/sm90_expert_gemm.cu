@@ -14,6 +14,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
+#include "common/per_device.hpp"
 #include "common/validate.hpp"
 #include "gemm/configs.hpp"
 #include "gemm/sm90_expert_gemm.cuh"
@@ -73,10 +74,11 @@ template <Mode M, int BN, int ST>
 void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_blocks, cudaStream_t stream) {
   using Cfg = sm90::Config<BN, ST>;
   auto kernel = sm90::sm90_expert_gemm_kernel<M, BN, ST>;
-  // Once per instance: raise the shared-memory limit; one CTA per SM (the grid is persistent).
-  static const int64_t sms = [&] {
-    int device = 0, count = 0, optin = 0;
-    MK_CUDA_CHECK(cudaGetDevice(&device));
+  // Once per instance and device: raise the shared-memory limit; one CTA per SM (the grid is
+  // persistent).
+  static detail::PerDevice<int64_t> per_device;
+  const int64_t sms = per_device.get([&](int device) {
+    int count = 0, optin = 0;
     MK_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     MK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     if (int64_t(optin) < int64_t(Cfg::kSmemBytes))
@@ -84,7 +86,7 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
                       " bytes of shared memory per block, the device allows " + std::to_string(optin));
     MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
     return int64_t(count);
-  }();
+  });
   Params p = p_in;
   const int64_t cols = Cfg::cols_per_tile(M == Mode::Up);
   p.n_tiles = (p.n_dim + cols - 1) / cols;

@@ -82,7 +82,11 @@ struct GateTile {
 // This warp's partial of one slice for the CTA's tile (tokens t0.., experts e0..), written to
 // its own part of `smem` as [kRows][kCols] floats: its steps s = warp, warp + kGateWarps, ... of
 // the slice, in ascending order. The first call issues its first w_gate loads before the PDL
-// wait (w_gate is a weight no moekit kernel writes; x may be the previous kernel's output).
+// wait: x may be the previous kernel's output, w_gate must not be. That holds for every moekit
+// kernel (none writes a weight) and for any kernel that does not trigger its dependents early
+// (griddepcontrol.launch_dependents): such a kernel completes before this one starts. A caller
+// whose own PDL kernel writes w_gate right before route() must put a plain launch or an event
+// between them.
 template <int MT, int NT>
 __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slice, int e0, int64_t t0,
                                                    unsigned char* smem, bool& waited) {

@@ -6,6 +6,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
+#include "common/per_device.hpp"
 #include "common/validate.hpp"
 #include "router/gate_gemm.cuh"
 #include "router/router.cuh"
@@ -34,12 +35,12 @@ void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
   void (*kernel)(kr::GateParams) = nullptr;
   if constexpr (kLooped) kernel = kr::gate_logits_looped_kernel<MT, NT>;
   else kernel = kr::gate_logits_kernel<MT, NT>;
-  // Once per instance (as the GEMMs): allow its dynamic shared memory.
-  static const bool smem_ready = [&] {
+  // Once per instance and device (as the GEMMs): allow its dynamic shared memory.
+  static detail::PerDevice<bool> smem_ready;
+  smem_ready.get([&](int) {
     MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
     return true;
-  }();
-  (void)smem_ready;
+  });
   // Token tiles on grid y (at most 65535): larger T is launched in chunks.
   constexpr int64_t kChunk = 65535 * int64_t(Tile::kRows);
   const unsigned e_tiles = unsigned((p.experts + Tile::kCols - 1) / Tile::kCols);
@@ -49,7 +50,8 @@ void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
     c.x = p.x + t0 * p.hidden;
     c.logits = p.logits + t0 * p.experts;
     const dim3 grid(e_tiles * (kLooped ? 1 : kr::kGateSlices), unsigned((c.tokens + Tile::kRows - 1) / Tile::kRows));
-    detail::launch_pdl("gate_logits_kernel", kernel, grid, dim3(32 * kr::kGateWarps), size_t(Tile::kSmemBytes), stream, c);
+    detail::launch_pdl(kLooped ? "gate_logits_looped_kernel" : "gate_logits_kernel", kernel, grid, dim3(32 * kr::kGateWarps),
+                       size_t(Tile::kSmemBytes), stream, c);
   }
 }
 
@@ -129,15 +131,16 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
 
   nvtxRangePushA("moekit.route");
   if (use_scratch) {  // logits over many CTAs first (bf16: tensor cores; f32: CUDA cores), then selection
-    // Token tiles on x (up to 2^31 - 1), expert groups on y (E/4 <= 128).
-    const dim3 grid(unsigned((T + kernels::router::kLogitTokens - 1) / kernels::router::kLogitTokens),
-                    unsigned((E + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock));
-    const dim3 block(32 * kernels::router::kWarpsPerBlock);
     float* out = logits_scratch.as<float>();
-    if (w_gate.dtype == DType::bf16)
+    if (w_gate.dtype == DType::bf16) {
       launch_gate({p.x, w_gate.as<const __nv_bfloat16>(), out, T, p.hidden, p.experts}, stream);
-    else
+    } else {
+      // Token tiles on x (up to 2^31 - 1), expert groups on y (E/4 <= 128).
+      const dim3 grid(unsigned((T + kernels::router::kLogitTokens - 1) / kernels::router::kLogitTokens),
+                      unsigned((E + kernels::router::kWarpsPerBlock - 1) / kernels::router::kWarpsPerBlock));
+      const dim3 block(32 * kernels::router::kWarpsPerBlock);
       detail::launch_pdl("logits_kernel", kernels::router::logits_kernel<float>, grid, block, 0, stream, p, out);
+    }
     p.logits = logits_scratch.as<const float>();
   }
   if (E <= 32) launch<1>(p, w_gate.dtype, stream);

@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
     }
 #pragma unroll
     for (int i = 0; i < EPL; ++i)
-      if (!((keep_groups >> ((i * 32 + lane) / group_size)) & 1u)) key[i] = 0u;
+      if (i * 32 + lane < E && !((keep_groups >> ((i * 32 + lane) / group_size)) & 1u)) key[i] = 0u;
   }
 
   // 4. top-k over the allowed experts, best first: the lane's best key (lowest i on a tie), the

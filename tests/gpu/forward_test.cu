@@ -203,22 +203,26 @@ TEST_F(ForwardTest, BitwiseDeterministicAcrossRuns) {
   }
 }
 
+// T=64: the decode kernels (cluster router, one-CTA align, 16-row tiles). T=1024: the prefill
+// ones (looped router, the cooperative multi-CTA align, wgmma tiles).
 TEST_F(ForwardTest, CudaGraphCaptureAndReplayOnNewInputs) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  Layer layer({64, 2048, 768, 128, 8}, softmax_renorm(), false, seed);
-  const CapturedGraph graph(stream, [&] { layer.forward(stream); });
-  for (int replay = 0; replay < 3; ++replay) {
-    layer.fill_x(rng());  // new inputs in the same buffers
-    layer.y.poison();
-    graph.launch(stream);
-    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    const auto from_graph = layer.y.download();
-    layer.check_tokens(sample_tokens(64, 64, rng));
-    layer.forward(stream);  // the same inputs, eagerly: bitwise equal
-    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    ASSERT_EQ(layer.y.download(), from_graph) << "replay " << replay;
+  for (int64_t T : {64, 1024}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " T=" + std::to_string(T));
+    std::mt19937_64 rng(seed);
+    Layer layer({T, 2048, 768, 128, 8}, softmax_renorm(), false, seed);
+    const CapturedGraph graph(stream, [&] { layer.forward(stream); });
+    for (int replay = 0; replay < 3; ++replay) {
+      layer.fill_x(rng());  // new inputs in the same buffers
+      layer.y.poison();
+      graph.launch(stream);
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const auto from_graph = layer.y.download();
+      layer.check_tokens(sample_tokens(T, 64, rng));
+      layer.forward(stream);  // the same inputs, eagerly: bitwise equal
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      ASSERT_EQ(layer.y.download(), from_graph) << "replay " << replay;
+    }
   }
 }
 
