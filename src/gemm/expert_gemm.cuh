@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "common/canon.hpp"
+#include "common/async_copy.cuh"
 #include "common/device.cuh"
 
 namespace moekit::kernels::gemm {
@@ -62,33 +63,18 @@ struct Tile {
   static_assert(STAGES >= 2, "the pipeline needs two stages at least");
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return uint32_t(__cvta_generic_to_shared(p));
-}
+using dev::cp_async16;
+using dev::cp_async_commit;
+using dev::cp_async_wait;
+using dev::ldmatrix_x4;
+using dev::mma_bf16;
+using dev::smem_addr;
+
 // Swizzled element offset of 16-byte chunk `c` of row `r` in a row-of-BK tile.
 template <int BK>
 __device__ __forceinline__ int swz(int r, int c) {
   return r * BK + ((c ^ (r & 7)) << 3);
 }
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -149,13 +135,13 @@ __device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_
     for (int i = 0; i < Cfg::kAIters; ++i) {
       const int idx = tid + i * Cfg::kThreads, r = idx / CH, c = idx % CH;
       const bool ok = a_ok[i] && k0 + c * 8 < p.k_dim;
-      cp_async16(smem_addr(sa + swz<BK>(r, c)), ok ? a_src[i] + k0 : p.a, ok);
+      cp_async16(smem_addr(sa + swz<BK>(r, c)), ok ? a_src[i] + k0 : p.a, ok ? 16u : 0u);
     }
 #pragma unroll
     for (int i = 0; i < Cfg::kBIters; ++i) {
       const int idx = tid + i * Cfg::kThreads, r = idx / CH, c = idx % CH;
       const bool ok = b_ok[i] && k0 + c * 8 < p.k_dim;
-      cp_async16(smem_addr(sb + swz<BK>(r, c)), ok ? b_src[i] + k0 : p.b, ok);
+      cp_async16(smem_addr(sb + swz<BK>(r, c)), ok ? b_src[i] + k0 : p.b, ok ? 16u : 0u);
     }
   };
 

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "common/async_copy.cuh"
+
 namespace moekit::kernels::sm90::ptx {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
@@ -64,17 +66,14 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   }
 }
 
-// ---- cp.async (16-byte chunks, L2 only) ---------------------------------------------------------
-// src_bytes 0 zero-fills the chunk without reading `src` (masked rows, the K tail).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
+// ---- cp.async (16-byte chunks, L2 only: common/async_copy.cuh) -----------------------------------
+using dev::cp_async16;
+using dev::cp_async_wait_all;
 // One arrival on `bar` once all of this thread's earlier cp.async have landed. .noinc: the arrival
 // counts against the barrier's expected count (the barrier is initialised with it included).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Orders this thread's view of generic-proxy shared-memory writes (cp.async lands through the
 // generic proxy) before its later async-proxy accesses (wgmma reads shared memory through it).

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "common/async_copy.cuh"
 #include "common/device.cuh"
 
 namespace moekit::kernels::router {
@@ -42,24 +43,10 @@ struct GateParams {
   int experts;
 };
 
-__device__ __forceinline__ void gate_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Loads go through shared memory with cp.async: every load of a batch is issued before any is
-// waited for (register loads issued in order behind an MMA would wait for the MMA's operands:
-// one memory round trip per MMA group instead of one per batch). Out-of-range chunks are
-// zero-filled (source size 0).
-__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(src), "r"(ok ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Loads go through shared memory with cp.async (common/async_copy.cuh): every load of a batch is
+// issued before any is waited for (register loads issued in order behind an MMA would wait for
+// the MMA's operands: one memory round trip per MMA group instead of one per batch). Out-of-range
+// chunks are zero-filled (source size 0).
 
 // u32 j (0..3) of a 16-byte vector.
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
@@ -138,7 +125,7 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
       const int64_t k = k_begin + (s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8;
       const bool in = s0 + int64_t(u) * kGateWarps < steps && k < k_end;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) cp_async16(slot(u, nt), wr[nt] + (k - q * 8), in && wok[nt]);
+      for (int nt = 0; nt < NT; ++nt) dev::cp_async16(slot(u, nt), wr[nt] + (k - q * 8), in && wok[nt] ? 16u : 0u);
     }
     if (!waited) {
       dev::pdl_enter();
@@ -151,9 +138,9 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) cp_async16(slot(u, NT + 2 * mt + h), xr[mt][h] + (k - q * 8), in && xok[mt][h]);
+        for (int h = 0; h < 2; ++h) dev::cp_async16(slot(u, NT + 2 * mt + h), xr[mt][h] + (k - q * 8), in && xok[mt][h] ? 16u : 0u);
     }
-    cp_async_wait_all();  // each lane reads back only its own slots
+    dev::cp_async_wait_all();  // each lane reads back only its own slots
     // A lane's 8 columns feed two k16 MMAs: columns 0-3 are the fragment's k slots {2q, 2q+1,
     // 2q+8, 2q+9} of the first, columns 4-7 of the second. A and B use the same assignment, so
     // each MMA still pairs x[t][c] with w[e][c].
@@ -172,9 +159,11 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-            gate_mma(acc[mt][nt], word(xv[mt][0], 2 * j), word(xv[mt][1], 2 * j), word(xv[mt][0], 2 * j + 1),
-                     word(xv[mt][1], 2 * j + 1), word(wv[nt], 2 * j), word(wv[nt], 2 * j + 1));
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint32_t a[4] = {word(xv[mt][0], 2 * j), word(xv[mt][1], 2 * j), word(xv[mt][0], 2 * j + 1),
+                                   word(xv[mt][1], 2 * j + 1)};
+            dev::mma_bf16(acc[mt][nt], a, word(wv[nt], 2 * j), word(wv[nt], 2 * j + 1));
+          }
     }
   }
   __syncwarp();  // staging reads done before the partial overwrites it
