@@ -102,6 +102,36 @@ __device__ __forceinline__ bool walk_segment(const int32_t* __restrict__ topk_id
   return out_of_range;
 }
 
+// Pass 1 and the column sums, by every thread of the CTA: each active warp counts its segment
+// per expert into its row of s_rows (the other rows are never read); then thread e (< E) sums
+// column e into `total` and leaves in s_rows[w][e] warp w's first slot relative to this CTA's
+// share of expert e (the loads are independent, so they go out together). The barrier that ends
+// pass 1 also ORs the out-of-range flags (no shared flag to reset); the result is that OR.
+__device__ __forceinline__ bool count_segments(const int32_t* __restrict__ topk_ids, int E, const Segment& seg,
+                                               int32_t* s_rows, int32_t& total) {
+  const int warp = int(threadIdx.x >> 5), lane = dev::lane_id(), tid = int(threadIdx.x);
+  int32_t* my_row = s_rows + warp * E;
+  bool out_of_range = false;
+  if (warp < seg.active_warps) {
+    for (int e = lane; e < E; e += 32) my_row[e] = 0;
+    __syncwarp();
+    out_of_range = walk_segment(topk_ids, E, seg, my_row, [](int64_t, int, int32_t) {});
+  }
+  const bool any_out_of_range = __syncthreads_or(out_of_range);
+  total = 0;
+  if (tid < E) {
+    int32_t c[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) c[w] = w < seg.active_warps ? s_rows[w * E + tid] : 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < seg.active_warps) s_rows[w * E + tid] = total;
+      total += c[w];
+    }
+  }
+  return any_out_of_range;
+}
+
 // Scan: s_start[e] = exclusive prefix of the block_m-padded totals (thread e holds total e; 0
 // past E), s_start[E] = their sum, written by thread E-1. Warp scans, then every warp scans the
 // warp sums itself (one barrier inside; the caller's next barrier publishes s_start).
@@ -143,29 +173,10 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   const Segment seg = warp_segment(0, n, warp);
   int32_t* my_row = s_rows + warp * E;
 
-  // Pass 1: per-warp histogram (active warps only; the others' rows are never read).
-  bool out_of_range = false;
-  if (warp < seg.active_warps) {
-    for (int e = lane; e < E; e += 32) my_row[e] = 0;
-    __syncwarp();
-    out_of_range = walk_segment(p.topk_ids, E, seg, my_row, [](int64_t, int, int32_t) {});
-  }
-  // The barrier that ends pass 1 also ORs the out-of-range flags (no shared flag to reset).
-  const bool any_out_of_range = __syncthreads_or(out_of_range);
-  if (tid == 0) *p.status = any_out_of_range ? kStatusExpertIdOutOfRange : 0;
-
-  // Totals: thread e turns column e of the active rows into each warp's first slot relative to
-  // the expert's start (the loads are independent, so they go out together).
   int32_t total = 0;
+  const bool any_out_of_range = count_segments(p.topk_ids, E, seg, s_rows, total);
+  if (tid == 0) *p.status = any_out_of_range ? kStatusExpertIdOutOfRange : 0;
   if (tid < E) {
-    int32_t c[kWarps];
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) c[w] = w < seg.active_warps ? s_rows[w * E + tid] : 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      if (w < seg.active_warps) s_rows[w * E + tid] = total;
-      total += c[w];
-    }
     p.expert_counts[tid] = total;
     s_total[tid] = total;
   }
@@ -220,35 +231,17 @@ __global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
   const Segment seg = warp_segment(c_begin, c_end, warp);
   int32_t* my_row = s_rows + warp * E;
 
-  // Pass 1 over this CTA's chunk.
-  bool out_of_range = false;
-  if (warp < seg.active_warps) {
-    for (int e = lane; e < E; e += 32) my_row[e] = 0;
-    __syncwarp();
-    out_of_range = walk_segment(p.topk_ids, E, seg, my_row, [](int64_t, int, int32_t) {});
-  }
-  const bool any_out_of_range = __syncthreads_or(out_of_range);
-
-  // This CTA's totals (published) and its warps' first slots relative to the CTA's share.
+  // Pass 1 over this CTA's chunk; its counts (and its out-of-range flag) are published.
+  int32_t total = 0;
+  const bool any_out_of_range = count_segments(p.topk_ids, E, seg, s_rows, total);
   int32_t* my_counts = p.cta_counts + int64_t(c) * (E + 1);
-  if (tid < E) {
-    int32_t cnt[kWarps];
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) cnt[w] = w < seg.active_warps ? s_rows[w * E + tid] : 0;
-    int32_t total = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      if (w < seg.active_warps) s_rows[w * E + tid] = total;
-      total += cnt[w];
-    }
-    my_counts[tid] = total;
-  }
+  if (tid < E) my_counts[tid] = total;
   if (tid == 0) my_counts[E] = any_out_of_range ? 1 : 0;
   __threadfence();
   cooperative_groups::this_grid().sync();
 
   // Every expert's total and the counts of the CTAs before this one (L2 reads: other SMs wrote).
-  int32_t total = 0;
+  total = 0;
   if (tid < E) {
     int32_t before = 0;
     for (int g0 = 0; g0 < G; g0 += 16) {  // 16 loads in flight, then the sums
