@@ -7,6 +7,20 @@
 
 namespace moekit {
 
+namespace {
+// Stages 2-5 on a carved workspace; the callers have checked their arguments (each stage still
+// checks its own, cheaply, on the host).
+void run_experts(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,
+                 const Tensor& topk_weights, const Tensor& y, const Workspace& ws, cudaStream_t stream) {
+  align(plan, topk_ids, ws, stream);
+  expert_up(plan, x, w13, ws, stream);
+  expert_down(plan, w2, topk_weights, ws, stream);
+  if (plan.down_splits > 1)
+    combine_partials(ws.y_partials, plan.shape.topk, y, stream);
+  else
+    combine(ws.y_rows, plan.shape.topk, y, stream);
+}
+}  // namespace
 
 void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Tensor& w2,
                      const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y,
@@ -22,13 +36,7 @@ void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13
   detail::expect_tensor(fn, "y", y, DType::bf16, {s.tokens, s.hidden});
   const Workspace ws = detail::carve_named(plan, workspace, workspace_bytes, fn, "workspace", "workspace_bytes");
   nvtxRangePushA("moekit.experts_forward");
-  align(plan, topk_ids, ws, stream);
-  expert_up(plan, x, w13, ws, stream);
-  expert_down(plan, w2, topk_weights, ws, stream);
-  if (plan.down_splits > 1)
-    combine_partials(ws.y_partials, s.topk, y, stream);
-  else
-    combine(ws.y_rows, s.topk, y, stream);
+  run_experts(plan, x, w13, w2, topk_ids, topk_weights, y, ws, stream);
   nvtxRangePop();
 }
 
@@ -52,8 +60,7 @@ void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptio
   nvtxRangePushA("moekit.moe_forward");
   route(in.x, in.w_gate, in.router_logits, in.score_bias, opt, ws.topk_ids, ws.topk_weights, stream,
         ws.router_logits);
-  experts_forward(plan, in.x, in.w13, in.w2, ws.topk_ids, ws.topk_weights, y, workspace,
-                  workspace_bytes, stream);
+  run_experts(plan, in.x, in.w13, in.w2, ws.topk_ids, ws.topk_weights, y, ws, stream);
   nvtxRangePop();
 }
 
