@@ -207,9 +207,7 @@ NB_MODULE(_moekit, m) {
         const Tensor ids = c.out("topk_ids", topk_ids), wts = c.out("topk_weights", topk_weights);
         const Tensor scratch = logits_scratch.is_none() ? Tensor() : c.out("logits_scratch", logits_scratch);
         const RouterOptions o = router_options("route", scoring, renormalize, n_group, topk_group, routed_scaling_factor);
-        DeviceScope dev(c.device());
-        nb::gil_scoped_release nogil;
-        moekit::route(tx, tw, tl, tb, o, ids, wts, as_stream(stream), scratch);
+        launch_on_device(c, [&] { moekit::route(tx, tw, tl, tb, o, ids, wts, as_stream(stream), scratch); });
       },
       "x"_a.none(), "w_gate"_a.none(), "router_logits"_a.none(), "score_bias"_a.none(), "topk_ids"_a.none(),
       "topk_weights"_a.none(), nb::kw_only(), "scoring"_a = "softmax", "renormalize"_a = false, "n_group"_a = 0,
@@ -224,12 +222,8 @@ NB_MODULE(_moekit, m) {
       [](const ForwardPlan& plan, nb::handle topk_ids, nb::handle workspace, uintptr_t stream) {
         Call c("align");
         const Tensor ids = c.in("topk_ids", topk_ids);
-        void* base;
-        size_t bytes;
-        const Workspace ws = c.workspace(plan, workspace, &base, &bytes);
-        DeviceScope dev(c.device());
-        nb::gil_scoped_release nogil;
-        moekit::align(plan, ids, ws, as_stream(stream));
+        const Workspace ws = c.workspace(plan, workspace).ws;
+        launch_on_device(c, [&] { moekit::align(plan, ids, ws, as_stream(stream)); });
       },
       "plan"_a, "topk_ids"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
       "Stage 2: the expert-sorted, block_m-padded order of the assignments, in the workspace.");
@@ -239,12 +233,8 @@ NB_MODULE(_moekit, m) {
       [](const ForwardPlan& plan, nb::handle x, nb::handle w13, nb::handle workspace, uintptr_t stream) {
         Call c("expert_up");
         const Tensor tx = c.in("x", x), tw = c.in("w13", w13);
-        void* base;
-        size_t bytes;
-        const Workspace ws = c.workspace(plan, workspace, &base, &bytes);
-        DeviceScope dev(c.device());
-        nb::gil_scoped_release nogil;
-        moekit::expert_up(plan, tx, tw, ws, as_stream(stream));
+        const Workspace ws = c.workspace(plan, workspace).ws;
+        launch_on_device(c, [&] { moekit::expert_up(plan, tx, tw, ws, as_stream(stream)); });
       },
       "plan"_a, "x"_a.none(), "w13"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
       "Stage 3: act = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) per sorted row, in the workspace.");
@@ -254,12 +244,8 @@ NB_MODULE(_moekit, m) {
       [](const ForwardPlan& plan, nb::handle w2, nb::handle topk_weights, nb::handle workspace, uintptr_t stream) {
         Call c("expert_down");
         const Tensor tw = c.in("w2", w2), wts = c.in("topk_weights", topk_weights);
-        void* base;
-        size_t bytes;
-        const Workspace ws = c.workspace(plan, workspace, &base, &bytes);
-        DeviceScope dev(c.device());
-        nb::gil_scoped_release nogil;
-        moekit::expert_down(plan, tw, wts, ws, as_stream(stream));
+        const Workspace ws = c.workspace(plan, workspace).ws;
+        launch_on_device(c, [&] { moekit::expert_down(plan, tw, wts, ws, as_stream(stream)); });
       },
       "plan"_a, "w2"_a.none(), "topk_weights"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
       "Stage 4: y_rows[a] = topk_weights[a] · act·W2ᵀ, in the workspace.");
@@ -269,9 +255,7 @@ NB_MODULE(_moekit, m) {
       [](nb::handle y_rows, int64_t topk, nb::handle y, uintptr_t stream) {
         Call c("combine");
         const Tensor rows = c.in("y_rows", y_rows), ty = c.out("y", y);
-        DeviceScope dev(c.device());
-        nb::gil_scoped_release nogil;
-        moekit::combine(rows, topk, ty, as_stream(stream));
+        launch_on_device(c, [&] { moekit::combine(rows, topk, ty, as_stream(stream)); });
       },
       "y_rows"_a.none(), "topk"_a, "y"_a.none(), nb::kw_only(), "stream"_a = 0,
       "Stage 5: y[t] = Σ_j y_rows[t*k+j] in slot order (no atomics).");
@@ -281,9 +265,7 @@ NB_MODULE(_moekit, m) {
       [](nb::handle y_partials, int64_t topk, nb::handle y, uintptr_t stream) {
         Call c("combine_partials");
         const Tensor parts = c.in("y_partials", y_partials), ty = c.out("y", y);
-        DeviceScope dev(c.device());
-        nb::gil_scoped_release nogil;
-        moekit::combine_partials(parts, topk, ty, as_stream(stream));
+        launch_on_device(c, [&] { moekit::combine_partials(parts, topk, ty, as_stream(stream)); });
       },
       "y_partials"_a.none(), "topk"_a, "y"_a.none(), nb::kw_only(), "stream"_a = 0,
       "Stage 5 after a split-K down GEMM (plan.down_splits > 1): y[t] = Σ_j Σ_s y_partials[s][t*k+j].");
@@ -302,14 +284,10 @@ NB_MODULE(_moekit, m) {
         in.w13 = c.in("w13", w13);
         in.w2 = c.in("w2", w2);
         const Tensor ty = c.out("y", y);
-        void* base;
-        size_t bytes;
-        c.workspace(plan, workspace, &base, &bytes);
+        const Call::WorkspaceArg w = c.workspace(plan, workspace);
         const RouterOptions o =
             router_options("moe_forward", scoring, renormalize, n_group, topk_group, routed_scaling_factor);
-        DeviceScope dev(c.device());
-        nb::gil_scoped_release nogil;
-        moekit::moe_forward(plan, in, o, ty, base, bytes, as_stream(stream));
+        launch_on_device(c, [&] { moekit::moe_forward(plan, in, o, ty, w.base, w.bytes, as_stream(stream)); });
       },
       "plan"_a, "x"_a.none(), "w_gate"_a.none(), "router_logits"_a.none(), "score_bias"_a.none(), "w13"_a.none(), "w2"_a.none(), "y"_a.none(),
       "workspace"_a.none(), nb::kw_only(), "scoring"_a = "softmax", "renormalize"_a = false, "n_group"_a = 0,
@@ -324,12 +302,10 @@ NB_MODULE(_moekit, m) {
         const Tensor tx = c.in("x", x), t13 = c.in("w13", w13), t2 = c.in("w2", w2);
         const Tensor ids = c.in("topk_ids", topk_ids), wts = c.in("topk_weights", topk_weights);
         const Tensor ty = c.out("y", y);
-        void* base;
-        size_t bytes;
-        c.workspace(plan, workspace, &base, &bytes);
-        DeviceScope dev(c.device());
-        nb::gil_scoped_release nogil;
-        moekit::experts_forward(plan, tx, t13, t2, ids, wts, ty, base, bytes, as_stream(stream));
+        const Call::WorkspaceArg w = c.workspace(plan, workspace);
+        launch_on_device(c, [&] {
+          moekit::experts_forward(plan, tx, t13, t2, ids, wts, ty, w.base, w.bytes, as_stream(stream));
+        });
       },
       "plan"_a, "x"_a.none(), "w13"_a.none(), "w2"_a.none(), "topk_ids"_a.none(), "topk_weights"_a.none(), "y"_a.none(), "workspace"_a.none(), nb::kw_only(),
       "stream"_a = 0, "Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32).");
@@ -338,12 +314,8 @@ NB_MODULE(_moekit, m) {
       "check_status",
       [](const ForwardPlan& plan, nb::handle workspace, uintptr_t stream) {
         Call c("check_status");
-        void* base;
-        size_t bytes;
-        const Workspace ws = c.workspace(plan, workspace, &base, &bytes);
-        DeviceScope dev(c.device());
-        nb::gil_scoped_release nogil;
-        moekit::check_status(ws, as_stream(stream));
+        const Workspace ws = c.workspace(plan, workspace).ws;
+        launch_on_device(c, [&] { moekit::check_status(ws, as_stream(stream)); });
       },
       "plan"_a, "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
       "Synchronises the stream and raises moekit.Error if a kernel flagged bad input (an expert id outside "

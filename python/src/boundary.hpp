@@ -83,18 +83,24 @@ class Call {
   // A required output (written by the kernels).
   Tensor out(const char* arg, nb::handle h) { return convert<OutArray>(arg, h); }
 
-  // The caller's workspace: a contiguous CUDA byte buffer of at least workspace_bytes(plan).
-  Workspace workspace(const ForwardPlan& plan, nb::handle h, void** base, size_t* bytes) {
+  // The caller's workspace: a contiguous CUDA byte buffer of at least workspace_bytes(plan), as
+  // the raw buffer (for the entries that carve it themselves) and carved.
+  struct WorkspaceArg {
+    void* base;
+    size_t bytes;
+    Workspace ws;
+  };
+  WorkspaceArg workspace(const ForwardPlan& plan, nb::handle h) {
     const Tensor raw = convert<OutArray>("workspace", h, /*any_dtype=*/true);
     const size_t need = moekit::workspace_bytes(plan);
-    *base = raw.data;
-    *bytes = size_t(raw_bytes_);
-    if (*bytes < need)
-      fail(fn_, "workspace", "has " + std::to_string(*bytes) + " bytes; this plan needs plan.workspace_bytes = " +
+    WorkspaceArg w{raw.data, size_t(raw_bytes_), Workspace{}};
+    if (w.bytes < need)
+      fail(fn_, "workspace", "has " + std::to_string(w.bytes) + " bytes; this plan needs plan.workspace_bytes = " +
                                  std::to_string(need));
-    if (reinterpret_cast<uintptr_t>(*base) % 256 != 0)
+    if (reinterpret_cast<uintptr_t>(w.base) % 256 != 0)
       fail(fn_, "workspace", "must start on a 256-byte boundary (a fresh allocation does; a slice may not)");
-    return carve_workspace(plan, *base, *bytes);
+    w.ws = carve_workspace(plan, w.base, w.bytes);
+    return w;
   }
 
   // The device every array is on (the current device when none was given).
@@ -201,5 +207,13 @@ class DeviceScope {
 };
 
 inline cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// Runs `launch` (the library call) on the device of the call's arrays, with the GIL released.
+template <class Launch>
+void launch_on_device(const Call& c, Launch&& launch) {
+  DeviceScope dev(c.device());
+  nb::gil_scoped_release nogil;
+  launch();
+}
 
 }  // namespace moekit::py

@@ -257,6 +257,25 @@ TEST(AlignValidation, TopkIds) {
   });
 }
 
+// Past kAlignGridMinAssignments align runs its multi-CTA kernel, which needs ws.align_scratch.
+TEST(AlignValidation, GridScratch) {
+  const int64_t T = kAlignGridMinAssignments / 4 + 1;  // k = 4: one assignment past the switch
+  auto bad = [T](std::string what, auto mutate) {
+    Stage s = valid_stage(T);
+    mutate(s);
+    return BadCall{std::move(what), [s] { call(Entry::align, s); }, "ws.align_scratch"};
+  };
+  expect_all_rejected({
+      bad("not given", [](Stage& s) { s.ws.align_scratch = Tensor{}; }),
+      bad("one row short", [](Stage& s) { s.ws.align_scratch = with_shape(s.ws.align_scratch, {kAlignMaxCtas - 1, 17}); }),
+      bad("f32", [](Stage& s) { s.ws.align_scratch.dtype = DType::f32; }),
+      bad("null", [](Stage& s) { s.ws.align_scratch = with_null_data(s.ws.align_scratch); }),
+  });
+  // At or below the switch the one-CTA kernel needs none.
+  Stage s = valid_stage(kAlignGridMinAssignments / 4);
+  EXPECT_FALSE(s.ws.align_scratch.given());
+}
+
 TEST(ExpertUpValidation, ValidStartingPointPasses) {
   EXPECT_NO_THROW(call(Entry::expert_up, valid_stage(0)));  // T = 0 returns before launching
 }

@@ -42,15 +42,10 @@ class GemmTest : public GpuTest {
     const auto& w2 = in.w2;
     const auto& weights = in.weights;
 
-    DeviceBuffer<ref::bf16> d_x(x), d_w13(w13), d_w2(w2);
-    DeviceBuffer<int32_t> d_ids(ids);
-    DeviceBuffer<float> d_w(weights);
-    DeviceBuffer<unsigned char> ws_buf(workspace_bytes(plan));
-    ws_buf.poison();
-    const Workspace ws = carve_workspace(plan, ws_buf.ptr, ws_buf.count);
-    align(plan, Tensor(d_ids.ptr, DType::i32, {s.tokens, s.topk}), ws, stream);
-    expert_up(plan, Tensor(d_x.ptr, DType::bf16, {s.tokens, s.hidden}),
-              Tensor(d_w13.ptr, DType::bf16, {s.experts, 2 * s.inter, s.hidden}), ws, stream);
+    const AlignedGemmInputs d(plan, in, ids, stream);
+    const Workspace& ws = d.ws;
+    expert_up(plan, Tensor(d.x.ptr, DType::bf16, {s.tokens, s.hidden}),
+              Tensor(d.w13.ptr, DType::bf16, {s.experts, 2 * s.inter, s.hidden}), ws, stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
 
     const ref::Aligned al = ref::align(ids.data(), s.tokens, s.topk, s.experts, plan.block_m, plan.max_blocks);
@@ -80,8 +75,8 @@ class GemmTest : public GpuTest {
           if (al.sorted_ids[size_t(r)] < TK) act[size_t(r * s.inter + f)] = ref::to_bf16(float(int(rng() % 9) - 4));
       MK_CUDA_CHECK(cudaMemcpy(ws.act.data, act.data(), act.size() * 2, cudaMemcpyHostToDevice));
     }
-    expert_down(plan, Tensor(d_w2.ptr, DType::bf16, {s.experts, s.hidden, s.inter}),
-                Tensor(d_w.ptr, DType::f32, {s.tokens, s.topk}), ws, stream);
+    expert_down(plan, Tensor(d.w2.ptr, DType::bf16, {s.experts, s.hidden, s.inter}),
+                Tensor(d.weights.ptr, DType::f32, {s.tokens, s.topk}), ws, stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
     // Down output per assignment row: bf16 rows, or (split-K) the FP32 sum of the partials in
     // slice order — exact on small integers, so compared bitwise there too.

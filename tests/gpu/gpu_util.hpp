@@ -131,6 +131,23 @@ inline GemmInputs make_gemm_inputs(const MoeShape& s, std::mt19937_64& rng, bool
   return in;
 }
 
+// The GEMM tests' device side: copies of the inputs and a poisoned workspace for `plan`, already
+// aligned from `ids` on `stream` (what both expert GEMMs read).
+struct AlignedGemmInputs {
+  DeviceBuffer<ref::bf16> x, w13, w2;
+  DeviceBuffer<int32_t> ids;
+  DeviceBuffer<float> weights;
+  DeviceBuffer<unsigned char> ws_buf;
+  Workspace ws;
+  AlignedGemmInputs(const ForwardPlan& plan, const GemmInputs& in, const std::vector<int32_t>& topk_ids,
+                    cudaStream_t stream)
+      : x(in.x), w13(in.w13), w2(in.w2), ids(topk_ids), weights(in.weights), ws_buf(workspace_bytes(plan)) {
+    ws_buf.poison();
+    ws = carve_workspace(plan, ws_buf.ptr, ws_buf.count);
+    align(plan, Tensor(ids.ptr, DType::i32, {plan.shape.tokens, plan.shape.topk}), ws, stream);
+  }
+};
+
 inline std::vector<double> to_double(const std::vector<ref::bf16>& v) {
   std::vector<double> d(v.size());
   for (size_t i = 0; i < v.size(); ++i) d[i] = ref::to_float(v[i]);

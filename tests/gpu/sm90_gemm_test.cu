@@ -128,17 +128,12 @@ class Sm90GemmTest : public GpuTest {
     const auto& w2 = in.w2;
     const auto& weights = in.weights;
 
-    DeviceBuffer<ref::bf16> d_x(x), d_w13(w13), d_w2(w2);
-    DeviceBuffer<int32_t> d_ids(ids);
-    DeviceBuffer<float> d_w(weights);
-    DeviceBuffer<unsigned char> ws_buf(workspace_bytes(plan));
-    ws_buf.poison();
-    const Workspace ws = carve_workspace(plan, ws_buf.ptr, ws_buf.count);
-    align(plan, Tensor(d_ids.ptr, DType::i32, {s.tokens, s.topk}), ws, stream);
+    const AlignedGemmInputs d(plan, in, ids, stream);
+    const Workspace& ws = d.ws;
 
     Params up = routing_params(plan, ws);
-    up.a = reinterpret_cast<const __nv_bfloat16*>(d_x.ptr);
-    up.b = reinterpret_cast<const __nv_bfloat16*>(d_w13.ptr);
+    up.a = reinterpret_cast<const __nv_bfloat16*>(d.x.ptr);
+    up.b = reinterpret_cast<const __nv_bfloat16*>(d.w13.ptr);
     up.out = ws.act.as<__nv_bfloat16>();
     up.k_dim = s.hidden;
     up.n_dim = s.inter;
@@ -194,9 +189,9 @@ class Sm90GemmTest : public GpuTest {
     }
     Params down = routing_params(plan, ws);
     down.a = ws.act.as<const __nv_bfloat16>();
-    down.b = reinterpret_cast<const __nv_bfloat16*>(d_w2.ptr);
+    down.b = reinterpret_cast<const __nv_bfloat16*>(d.w2.ptr);
     down.out = ws.y_rows.as<__nv_bfloat16>();
-    down.topk_weights = d_w.ptr;
+    down.topk_weights = d.weights.ptr;
     down.k_dim = s.inter;
     down.n_dim = s.hidden;
     down.b_expert_stride = s.hidden * s.inter;
