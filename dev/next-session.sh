@@ -11,7 +11,7 @@ L=$(mktemp -d)/next; mkdir -p $L
 .prebuilt/moekit_gpu_tests --gtest_filter='GemmTest.*:ForwardTest.*' > $L/gemm-tests.log 2>&1; echo "gemm/forward tests rc=$?"
 cp configs/nvidia-h200.json $L/nvidia-h200.json
 for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3; do
-  timeout 120 .prebuilt/moekit tune --preset $p --out $L/nvidia-h200.json --merge > $L/tune-$p.log 2>&1
+  timeout 100 .prebuilt/moekit tune --preset $p --out $L/nvidia-h200.json --merge > $L/tune-$p.log 2>&1
   echo "tune $p rc=$?"; grep -E "best:" $L/tune-$p.log
 done
 for spec in "mixtral-8x7b 1" "deepseek-v3 1"; do
