@@ -19,7 +19,7 @@
 //             single-GPU layer's when both use the same down-GEMM split-K (a rank sees fewer
 //             rows per expert and may plan another: then within the GEMM's stated bound).
 // Prefill exchanges the [R][S] counts first and sends exact sizes. Decode (DecodeGeometry) sends
-// fixed-size messages [S][capacity] rows per (source, destination) pair with a counts mask, so a
+// fixed-size messages of `capacity` rows per (source, destination) pair with a counts mask, so a
 // whole step has static sizes and captures in a CUDA graph with no host sync; rows beyond
 // capacity are counted (plan_decode_dispatch) and reported, never silently dropped.
 //
@@ -123,33 +123,40 @@ struct ReceiveLayout {
   int64_t rows() const { return recv_offsets.back(); }
 };
 // counts [R][S] i32: counts[s*S + l] = rows source s sends to local expert l of this rank (row
-// `rank` of each source's slot_counts).
-ReceiveLayout plan_receive(const Placement& p, int64_t rank, const std::vector<int32_t>& counts);
+// `rank` of each source's slot_counts). message_capacity > 0: decode's fixed messages, source s's
+// chunk begins at row s*message_capacity (its counts must fit), not packed after source s-1's.
+ReceiveLayout plan_receive(const Placement& p, int64_t rank, const std::vector<int32_t>& counts,
+                           int64_t message_capacity = 0);
 
 // ---- decode: fixed capacity, masked per-expert layout ---------------------------------------
-// Every (source, destination) message is [S][capacity] rows plus [S] counts, whatever the routing:
-// static sizes, one equal-size all-to-all, no counts exchange first. A receiver's buffer is
-// [source][local expert][capacity]; expert l's rows are the R segments (s, l) masked by the counts.
+// Every (source, destination) message is `capacity` rows plus [S] counts, whatever the routing:
+// static sizes, one equal-size all-to-all, no counts exchange first. A message holds the source's
+// rows for the destination in send order (local expert, then assignment), packed from row 0; the
+// counts are the mask. The receive buffer is [source][capacity]; local expert l's rows are the R
+// segments (s, s*capacity + sum_{l'<l} counts[s][l'], counts[s][l]) — plan_receive with
+// message_capacity = capacity gives them. Per-rank (not per-expert) capacity: NCCL moves whole
+// messages, so the bytes on the wire are R*capacity rows per step whatever the spread over experts.
 struct DecodeGeometry {
   int64_t ranks = 0, slots_per_rank = 0, capacity = 0;
-  int64_t message_rows() const { return slots_per_rank * capacity; }
-  int64_t buffer_rows() const { return ranks * message_rows(); }  // send buffer = receive buffer
-  // Send buffer [dest][l][i]; receive buffer [source][l][i]: the same index with the peer's rank.
-  int64_t row(int64_t peer, int64_t local_expert, int64_t i) const {
-    return (peer * slots_per_rank + local_expert) * capacity + i;
-  }
+  int64_t message_rows() const { return capacity; }
+  int64_t buffer_rows() const { return ranks * capacity; }  // send buffer = receive buffer
+  // Send buffer [dest][i]; receive buffer [source][i]: the same index with the peer's rank.
+  int64_t row(int64_t peer, int64_t i) const { return peer * capacity + i; }
 };
-// Rows each source may send each local expert: the tokens of the largest source rank never
-// overflow when a token names an expert at most once (the router's top-k ids are distinct).
+// capacity: rows each source may send each destination. A source of `tokens` tokens never
+// overflows with capacity = no_overflow_capacity(p, tokens, topk): a token names an expert at most
+// once (the router's top-k ids are distinct), so it sends a rank at most min(k, S) rows.
 DecodeGeometry decode_geometry(const Placement& p, int64_t capacity);
+int64_t no_overflow_capacity(const Placement& p, int64_t tokens, int64_t topk);
 
 struct DecodeDispatch {
   std::vector<int64_t> send_row;    // [T_s*k]: row in the send buffer, or -1: beyond capacity
-  std::vector<int32_t> sent_counts; // [R*S]: min(slot_counts, capacity): the mask sent with the rows
+  std::vector<int32_t> sent_counts; // [R*S]: rows of each slot that fit: the mask sent with the rows
   int64_t overflow = 0;             // assignments beyond capacity: reported, never silently dropped
 };
-// Rows of one slot keep the send order; those past `capacity` overflow (the GPU kernel counts
-// them in a device counter and a status bit; the caller must check it).
+// Rows keep the send order; a destination's rows past `capacity` (its highest local experts'
+// last rows) overflow. The GPU kernel counts them in a device counter and a status bit; the
+// caller must check it.
 DecodeDispatch plan_decode_dispatch(const DecodeGeometry& g, const DispatchLayout& layout);
 
 }  // namespace moekit::ep

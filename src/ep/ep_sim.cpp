@@ -50,7 +50,7 @@ SimResult simulate(const Placement& p, const SimInput& in, const ExpertRowFn& ex
   if (!decode && options.exchange != Exchange::prefill)
     fail(kEntry, "options.exchange", "must be prefill or decode, got " + str(int(options.exchange)));
   if (decode && options.capacity < 1)
-    fail(kEntry, "options.capacity", "decode needs >= 1 row per (source, local expert), got " + str(options.capacity));
+    fail(kEntry, "options.capacity", "decode needs >= 1 row per (source, destination), got " + str(options.capacity));
 
   const int64_t R = p.ranks, S = p.slots_per_rank, H = in.hidden, k = in.topk, T = in.tokens;
   const std::vector<int64_t> split = split_tokens(T, R);
@@ -102,10 +102,8 @@ SimResult simulate(const Placement& p, const SimInput& in, const ExpertRowFn& ex
                                            : layout[size_t(s)].slot_counts[size_t(d * S + l)];
     // recv_row(s, i): where row i of the message from s sits in d's receive buffer; the message
     // is the contiguous block of the source's send rows for destination d.
-    ReceiveLayout rl;
-    int64_t recv_rows = 0;
-    if (decode) recv_rows = g.buffer_rows();
-    else rl = plan_receive(p, d, counts), recv_rows = rl.rows();
+    const ReceiveLayout rl = plan_receive(p, d, counts, decode ? g.capacity : 0);
+    const int64_t recv_rows = rl.rows();
     auto message_begin = [&](int64_t s) { return decode ? d * g.message_rows() : layout[size_t(s)].send_offsets[size_t(d)]; };
     auto recv_begin = [&](int64_t s) { return decode ? s * g.message_rows() : rl.recv_offsets[size_t(s)]; };
     auto message_rows = [&](int64_t s) { return decode ? g.message_rows() : layout[size_t(s)].send_rows(d); };
@@ -115,16 +113,8 @@ SimResult simulate(const Placement& p, const SimInput& in, const ExpertRowFn& ex
       for (int64_t i = 0; i < message_rows(s); ++i) recv.copy_row(recv_begin(s) + i, send[size_t(s)], message_begin(s) + i);
 
     // Grouped order: local expert l, then source, then arrival (decode: masked by the counts).
-    std::vector<int64_t> order, group(size_t(S + 1), 0);  // expert l's rows: order[group[l], group[l+1])
-    if (decode) {
-      for (int64_t l = 0; l < S; ++l) {
-        for (int64_t s = 0; s < R; ++s)
-          for (int64_t i = 0; i < counts[size_t(s * S + l)]; ++i) order.push_back(g.row(s, l, i));
-        group[size_t(l + 1)] = int64_t(order.size());
-      }
-    } else {
-      order = rl.grouped_rows, group = rl.expert_offsets;
-    }
+    const std::vector<int64_t>& order = rl.grouped_rows;     // expert l's rows: order[group[l], group[l+1])
+    const std::vector<int64_t>& group = rl.expert_offsets;
     Rows out(recv_rows, H);
     for (int64_t l = 0; l < S; ++l)
       for (int64_t idx = group[size_t(l)]; idx < group[size_t(l + 1)]; ++idx) {

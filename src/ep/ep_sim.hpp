@@ -34,11 +34,11 @@ struct SimInput {
 
 enum class Exchange : int {
   prefill,  // counts first, then exact sizes (plan_dispatch, plan_receive)
-  decode,   // fixed [S][capacity] messages with a counts mask (decode_geometry, plan_decode_dispatch)
+  decode,   // fixed messages of `capacity` rows with a counts mask (decode_geometry, plan_decode_dispatch)
 };
 struct SimOptions {
   Exchange exchange = Exchange::prefill;
-  int64_t capacity = 0;  // decode: rows each source may send each local expert
+  int64_t capacity = 0;  // decode: rows each source may send each destination
 };
 
 // What the ranks did, as the checks see it.

@@ -2,6 +2,7 @@
 // rank (plan_dispatch), the grouping of a receiver's rows by local expert (plan_receive), and
 // decode's fixed-capacity buffers (decode_geometry, plan_decode_dispatch). Host code; the device
 // versions of the future NCCL path are checked against these bitwise.
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -49,7 +50,8 @@ DispatchLayout plan_dispatch(const Placement& p, const int32_t* topk_ids, int64_
   return d;
 }
 
-ReceiveLayout plan_receive(const Placement& p, int64_t rank, const std::vector<int32_t>& counts) {
+ReceiveLayout plan_receive(const Placement& p, int64_t rank, const std::vector<int32_t>& counts,
+                           int64_t message_capacity) {
   constexpr const char* kEntry = "plan_receive";
   internal::expect_placement(p, kEntry, "placement");
   const int64_t R = p.ranks, S = p.slots_per_rank;
@@ -63,15 +65,24 @@ ReceiveLayout plan_receive(const Placement& p, int64_t rank, const std::vector<i
       if (c > 0 && p.slot_expert[size_t(rank * S + l)] < 0)
         fail(kEntry, "counts", "entry [" + str(s) + "][" + str(l) + "] sends rows to an empty slot of rank " + str(rank));
     }
+  if (message_capacity < 0) fail(kEntry, "message_capacity", "must be >= 0, got " + str(message_capacity));
+  if (message_capacity > 0)
+    for (int64_t s = 0; s < R; ++s) {
+      int64_t rows = 0;
+      for (int64_t l = 0; l < S; ++l) rows += counts[size_t(s * S + l)];
+      if (rows > message_capacity)
+        fail(kEntry, "counts", "source " + str(s) + " sends " + str(rows) + " rows, past the message capacity " +
+                                   str(message_capacity));
+    }
 
   ReceiveLayout r;
   // Where row (s, l, i) sits: source s's chunk, then its rows for experts below l.
   std::vector<int64_t> chunk_base(static_cast<size_t>(R * S));
   r.recv_offsets.assign(size_t(R + 1), 0);
   for (int64_t s = 0; s < R; ++s) {
-    int64_t at = r.recv_offsets[size_t(s)];
+    int64_t at = message_capacity > 0 ? s * message_capacity : r.recv_offsets[size_t(s)];
     for (int64_t l = 0; l < S; ++l) chunk_base[size_t(s * S + l)] = at, at += counts[size_t(s * S + l)];
-    r.recv_offsets[size_t(s + 1)] = at;
+    r.recv_offsets[size_t(s + 1)] = message_capacity > 0 ? (s + 1) * message_capacity : at;
   }
   r.expert_offsets.assign(size_t(S + 1), 0);
   r.grouped_rows.reserve(size_t(r.rows()));
@@ -86,12 +97,20 @@ ReceiveLayout plan_receive(const Placement& p, int64_t rank, const std::vector<i
 DecodeGeometry decode_geometry(const Placement& p, int64_t capacity) {
   constexpr const char* kEntry = "decode_geometry";
   internal::expect_placement(p, kEntry, "placement");
-  if (capacity < 1) fail(kEntry, "capacity", "must be >= 1 row per (source, local expert), got " + str(capacity));
+  if (capacity < 1) fail(kEntry, "capacity", "must be >= 1 row per (source, destination), got " + str(capacity));
   // Buffer rows are int32 on the device, like sorted_ids.
-  const int64_t limit = std::numeric_limits<int32_t>::max() / p.num_slots();
+  const int64_t limit = std::numeric_limits<int32_t>::max() / p.ranks;
   if (capacity > limit)
-    fail(kEntry, "capacity", "R*S*capacity must fit 32-bit row ids: at most " + str(limit) + ", got " + str(capacity));
+    fail(kEntry, "capacity", "R*capacity must fit 32-bit row ids: at most " + str(limit) + ", got " + str(capacity));
   return DecodeGeometry{p.ranks, p.slots_per_rank, capacity};
+}
+
+int64_t no_overflow_capacity(const Placement& p, int64_t tokens, int64_t topk) {
+  constexpr const char* kEntry = "no_overflow_capacity";
+  internal::expect_placement(p, kEntry, "placement");
+  if (tokens < 0) fail(kEntry, "tokens", "must be >= 0, got " + str(tokens));
+  if (topk < 1 || topk > kMaxTopk) fail(kEntry, "topk", "must be in [1, " + str(kMaxTopk) + "], got " + str(topk));
+  return std::max<int64_t>(1, tokens * std::min(topk, p.slots_per_rank));
 }
 
 DecodeDispatch plan_decode_dispatch(const DecodeGeometry& g, const DispatchLayout& layout) {
@@ -99,21 +118,19 @@ DecodeDispatch plan_decode_dispatch(const DecodeGeometry& g, const DispatchLayou
   if (g.ranks < 1 || g.slots_per_rank < 1 || g.capacity < 1)
     fail(kEntry, "geometry", "is not a decode_geometry result");
   const int64_t slots = g.ranks * g.slots_per_rank;
-  if (layout.slot_counts.size() != size_t(slots) || layout.send_assignment.size() != layout.slot.size())
+  if (layout.slot_counts.size() != size_t(slots) || layout.send_assignment.size() != layout.slot.size() ||
+      layout.send_offsets.size() != size_t(g.ranks + 1))
     fail(kEntry, "layout", "does not match the geometry's R*S = " + str(slots) + " slots");
 
   DecodeDispatch d;
   d.send_row.assign(layout.slot.size(), -1);
-  d.sent_counts.resize(size_t(slots));
-  int64_t row = 0;  // position in the send order
-  for (int64_t s = 0; s < slots; ++s) {
-    const int64_t n = layout.slot_counts[size_t(s)];
-    for (int64_t i = 0; i < n; ++i, ++row) {
-      const int32_t a = layout.send_assignment[size_t(row)];
-      if (i < g.capacity) d.send_row[size_t(a)] = g.row(s / g.slots_per_rank, s % g.slots_per_rank, i);
-      else ++d.overflow;
-    }
-    d.sent_counts[size_t(s)] = int32_t(std::min<int64_t>(n, g.capacity));
+  d.sent_counts.assign(size_t(slots), 0);
+  for (int64_t row = 0; row < int64_t(layout.send_assignment.size()); ++row) {
+    const int32_t a = layout.send_assignment[size_t(row)];
+    const int32_t s = layout.slot[size_t(a)];
+    const int64_t dest = s / g.slots_per_rank, i = row - layout.send_offsets[size_t(dest)];
+    if (i < g.capacity) d.send_row[size_t(a)] = g.row(dest, i), ++d.sent_counts[size_t(s)];
+    else ++d.overflow;
   }
   return d;
 }

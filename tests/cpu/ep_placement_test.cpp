@@ -249,6 +249,8 @@ TEST(EpPlacementHand, BadArgumentsAreNamed) {
       {"receive: rank out of range", [&] { ep::plan_receive(p, 5, std::vector<int32_t>(8, 0)); }, "rank"},
       {"decode: capacity 0", [&] { ep::decode_geometry(p, 0); }, "capacity"},
       {"decode: capacity past int32 rows", [&] { ep::decode_geometry(p, int64_t(1) << 31); }, "capacity"},
+      {"receive: negative message capacity", [&] { ep::plan_receive(p, 0, std::vector<int32_t>(size_t(p.num_slots()), 0), -1); }, "message_capacity"},
+      {"no-overflow capacity: topk 0", [&] { ep::no_overflow_capacity(p, 4, 0); }, "topk"},
       {"decode: layout of another placement",
        [&] { ep::plan_decode_dispatch(ep::DecodeGeometry{4, 4, 1}, ep::plan_dispatch(p, ids.data(), 0, 2, 0, 0)); }, "layout"},
   });
@@ -301,18 +303,38 @@ TEST(EpLayoutHand, ReceiveGroupsByLocalExpertThenSourceFromCountsAlone) {
   EXPECT_EQ(q.expert_offsets, (std::vector<int64_t>{0, 4, 6}));
 }
 
-TEST(EpLayoutHand, DecodeKeepsTheFirstCapacityRowsOfEverySlotAndCountsTheRest) {
+TEST(EpLayoutHand, DecodeKeepsTheFirstCapacityRowsOfEveryDestinationAndCountsTheRest) {
   const Placement p = ep::plan_placement({.experts = 4, .ranks = 2});  // r0 {0, 1}, r1 {2, 3}
   const ep::DecodeGeometry g = ep::decode_geometry(p, 3);
-  EXPECT_EQ(g.message_rows(), 6);
-  EXPECT_EQ(g.buffer_rows(), 12);
-  EXPECT_EQ(g.row(1, 1, 2), 11);
-  // Five tokens, k = 1: four to expert 3 (rank 1, l 1), one to expert 0.
+  EXPECT_EQ(g.message_rows(), 3);
+  EXPECT_EQ(g.buffer_rows(), 6);
+  EXPECT_EQ(g.row(1, 2), 5);
+  // Five tokens, k = 1: four to expert 3 (rank 1, l 1), one to expert 0 (rank 0: row 0).
   const std::vector<int32_t> ids{3, 3, 0, 3, 3};
   const ep::DecodeDispatch d = ep::plan_decode_dispatch(g, ep::plan_dispatch(p, ids.data(), 5, 1, 0, 0));
-  EXPECT_EQ(d.send_row, (std::vector<int64_t>{9, 10, 0, 11, -1}));
+  EXPECT_EQ(d.send_row, (std::vector<int64_t>{3, 4, 0, 5, -1}));
   EXPECT_EQ(d.sent_counts, (std::vector<int32_t>{1, 0, 0, 3}));
   EXPECT_EQ(d.overflow, 1);
+  // Two experts on rank 1: expert 2 first in the send order, so expert 3's last row overflows.
+  const std::vector<int32_t> mixed{3, 2, 3, 2};
+  const ep::DecodeDispatch m = ep::plan_decode_dispatch(g, ep::plan_dispatch(p, mixed.data(), 4, 1, 0, 0));
+  EXPECT_EQ(m.send_row, (std::vector<int64_t>{5, 3, -1, 4}));
+  EXPECT_EQ(m.sent_counts, (std::vector<int32_t>{0, 0, 2, 1}));
+  EXPECT_EQ(m.overflow, 1);
+  // A source never overflows at no_overflow_capacity: T * min(k, S).
+  EXPECT_EQ(ep::no_overflow_capacity(p, 5, 1), 5);
+  EXPECT_EQ(ep::no_overflow_capacity(p, 5, 4), 10);
+  EXPECT_EQ(ep::no_overflow_capacity(p, 0, 2), 1);
+}
+
+TEST(EpLayoutHand, DecodeReceiveChunksStartAtFixedOffsets) {
+  const Placement p = ep::plan_placement({.experts = 4, .ranks = 2});
+  // Capacity 4: source 0 sends {1, 2}, source 1 sends {3, 0}: chunks at rows 0 and 4.
+  const ep::ReceiveLayout r = ep::plan_receive(p, 0, {1, 2, 3, 0}, 4);
+  EXPECT_EQ(r.recv_offsets, (std::vector<int64_t>{0, 4, 8}));
+  EXPECT_EQ(r.grouped_rows, (std::vector<int64_t>{0, 4, 5, 6, 1, 2}));
+  EXPECT_EQ(r.expert_offsets, (std::vector<int64_t>{0, 4, 6}));
+  EXPECT_THROW(ep::plan_receive(p, 0, {1, 2, 3, 2}, 4), Error);  // source 1: 5 rows > 4
 }
 
 }  // namespace

@@ -78,10 +78,10 @@ ep::ExpertRowFn stand_in(int64_t H) {
   };
 }
 
-// Rows each source sends each slot, counted here from route_assignment alone; the largest is the
-// decode capacity with no overflow, and the assignments past `capacity` in each (source, slot),
-// in ascending assignment order, are the ones decode must report.
-struct SlotLoads {
+// Rows each source sends each destination rank, in send order (slot, then ascending assignment),
+// counted here from route_assignment alone; the largest is the decode capacity with no overflow,
+// and the rows past `capacity` in each (source, destination) are the ones decode must report.
+struct MessageLoads {
   int64_t max_rows = 0;
   std::vector<int64_t> beyond(int64_t capacity) const {
     std::vector<int64_t> out;
@@ -90,18 +90,21 @@ struct SlotLoads {
     std::sort(out.begin(), out.end());
     return out;
   }
-  std::map<std::pair<int64_t, int32_t>, std::vector<int64_t>> rows;  // (source, slot) -> assignments
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> rows;  // (source, destination) -> assignments
 };
-SlotLoads slot_loads(const Placement& p, const Problem& pb) {
-  SlotLoads s;
+MessageLoads message_loads(const Placement& p, const Problem& pb) {
+  std::map<std::pair<int64_t, int32_t>, std::vector<int64_t>> by_slot;  // (source, slot): ascending a
   const std::vector<int64_t> split = ep::split_tokens(pb.T, p.ranks);
   for (int64_t r = 0; r < p.ranks; ++r)
-    for (int64_t a = split[size_t(r)] * pb.k; a < split[size_t(r + 1)] * pb.k; ++a) {
-      auto& list = s.rows[{r, ep::route_assignment(p, a / pb.k, pb.ids[size_t(a)], r)}];
-      list.push_back(a);
-      s.max_rows = std::max(s.max_rows, int64_t(list.size()));
-    }
-  return s;
+    for (int64_t a = split[size_t(r)] * pb.k; a < split[size_t(r + 1)] * pb.k; ++a)
+      by_slot[{r, ep::route_assignment(p, a / pb.k, pb.ids[size_t(a)], r)}].push_back(a);
+  MessageLoads m;
+  for (const auto& [key, list] : by_slot) {  // slots ascending within a source: the send order
+    auto& msg = m.rows[{key.first, key.second / p.slots_per_rank}];
+    msg.insert(msg.end(), list.begin(), list.end());
+    m.max_rows = std::max(m.max_rows, int64_t(msg.size()));
+  }
+  return m;
 }
 
 void expect_round_trip(const Placement& p, const Problem& pb, const ep::SimOptions& opt,
@@ -138,13 +141,13 @@ TEST_F(EpSim, RoundTripMatchesOneRankBitwiseForEveryShape) {
             o.rule = replicas == 1 ? ep::ReplicaRule::token_modulo : ep::ReplicaRule::prefer_home;
           }
           const Placement p = ep::plan_placement(o);
-          const SlotLoads loads = slot_loads(p, pb);
+          const MessageLoads loads = message_loads(p, pb);
           {
             SCOPED_TRACE("prefill");
             expect_round_trip(p, pb, {ep::Exchange::prefill}, {});
           }
           {
-            SCOPED_TRACE("decode, capacity = the largest slot");
+            SCOPED_TRACE("decode, capacity = the largest message");
             expect_round_trip(p, pb, {ep::Exchange::decode, loads.max_rows}, {});
           }
           if (loads.max_rows > 1) {
@@ -184,7 +187,8 @@ TEST_F(EpSim, EmptyAndTinyInputs) {
     SCOPED_TRACE(::testing::Message() << "T=" << T);
     const Problem pb = make_problem(Routing::uniform, T, 8, 2, 8, rng);
     expect_round_trip(p, pb, {ep::Exchange::prefill}, {});
-    expect_round_trip(p, pb, {ep::Exchange::decode, 1}, {});
+    // At most one token per rank: no_overflow_capacity's promise is min(k, S) = 2 rows.
+    expect_round_trip(p, pb, {ep::Exchange::decode, ep::no_overflow_capacity(p, 1, 2)}, {});
   }
 }
 
