@@ -38,7 +38,17 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
   p.experts = int(s.experts);
   p.block_m = plan.block_m;
 
-  // T = 0 still launches: the GEMMs read num_rows_padded = 0 and block_expert = -1 from it.
+  if (grid) p.cta_counts = ws.align_scratch.as<int32_t>();
+  nvtxRangePushA("moekit.align");
+  detail::launch_align(p, stream);
+  nvtxRangePop();
+}
+
+namespace detail {
+
+// T = 0 still launches: the GEMMs read num_rows_padded = 0 and block_expert = -1 from it.
+void launch_align(kernels::align::Params p, cudaStream_t stream) {
+  const bool grid = p.num_assign > kAlignGridMinAssignments;
   // Raise the dynamic shared-memory limit once per device, for the largest E (not per call).
   static detail::PerDevice<bool> raised;
   raised.get([](int) {
@@ -46,7 +56,6 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
                                        int(kernels::align::smem_bytes(int(kMaxExperts)))));
     return true;
   });
-  nvtxRangePushA("moekit.align");
   if (!grid) {
     const size_t smem = kernels::align::smem_bytes(p.experts);
     detail::launch_pdl("align_kernel", kernels::align::align_kernel, dim3(1), dim3(kernels::align::kThreads), smem, stream, p);
@@ -63,15 +72,15 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
                                                                   kernels::align::kThreads, size_t(smem)));
       return std::max(1, std::min(kAlignMaxCtas, sms * std::max(per_sm, 1)));
     });
-    p.cta_counts = ws.align_scratch.as<int32_t>();
     // At least a few rounds per warp: no CTA is launched to count a handful of ids.
     const int64_t wanted = (p.num_assign + 4 * kernels::align::kThreads - 1) / (4 * kernels::align::kThreads);
     const int ctas = int(std::min<int64_t>(max_ctas, wanted));
     detail::launch_cooperative("align_grid_kernel", kernels::align::align_grid_kernel, dim3(unsigned(ctas)),
                                dim3(kernels::align::kThreads), kernels::align::grid_smem_bytes(p.experts), stream, p);
   }
-  nvtxRangePop();
 }
+
+}  // namespace detail
 
 void check_status(const Workspace& ws, cudaStream_t stream) {
   detail::expect_tensor("check_status", "ws.status", ws.status, DType::i32, {1});

@@ -20,23 +20,12 @@
 
 #include <cstdint>
 
+#include "align/align_launch.hpp"
 #include "common/device.cuh"
 #include "moekit/moe.hpp"
 
 namespace moekit::kernels::align {
 
-struct Params {
-  const int32_t* topk_ids;  // [T*k]
-  int32_t* sorted_ids;      // [max_rows]
-  int32_t* block_expert;    // [max_blocks]
-  int32_t* num_rows_padded; // [1]
-  int32_t* expert_counts;   // [E]
-  int32_t* status;          // [1]
-  int32_t* cta_counts;      // [kAlignMaxCtas, E+1]: align_grid_kernel's per-CTA counts (+ flag)
-  int64_t num_assign;       // T*k
-  int64_t max_blocks;
-  int experts, block_m;
-};
 
 constexpr int kWarps = 32;
 constexpr int kThreads = 32 * kWarps;
@@ -286,3 +275,4 @@ __global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
 }
 
 }  // namespace moekit::kernels::align
+

@@ -2,6 +2,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include "combine/combine.cuh"
+#include "combine/combine_launch.hpp"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/validate.hpp"
@@ -20,11 +21,24 @@ void combine(const Tensor& y_rows, int64_t topk, const Tensor& y, cudaStream_t s
   kernels::combine::Params p{y_rows.as<const __nv_bfloat16>(), y.as<__nv_bfloat16>(), T, H, int(topk)};
   const int64_t vecs = T * (H / 8);
   nvtxRangePushA("moekit.combine");
-  detail::launch_pdl("combine_kernel", kernels::combine::combine_kernel,
+  detail::launch_pdl("combine_kernel", kernels::combine::combine_kernel<false>,
                      dim3(unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads)),
                      dim3(kernels::combine::kThreads), 0, stream, p);
   nvtxRangePop();
 }
+
+namespace detail {
+void launch_combine_gathered(const void* rows, const int32_t* row_of, void* y, int64_t tokens, int64_t hidden, int topk,
+                             cudaStream_t stream) {
+  if (tokens == 0) return;
+  kernels::combine::Params p{static_cast<const __nv_bfloat16*>(rows), static_cast<__nv_bfloat16*>(y), tokens, hidden, topk,
+                             row_of};
+  const int64_t vecs = tokens * (hidden / 8);
+  launch_pdl("combine_gathered_kernel", kernels::combine::combine_kernel<true>,
+             dim3(unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads)),
+             dim3(kernels::combine::kThreads), 0, stream, p);
+}
+}  // namespace detail
 
 void combine_partials(const Tensor& y_partials, int64_t topk, const Tensor& y, cudaStream_t stream) {
   const char* fn = "combine_partials";

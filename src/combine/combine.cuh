@@ -12,10 +12,11 @@
 namespace moekit::kernels::combine {
 
 struct Params {
-  const __nv_bfloat16* y_rows;  // [T*k, H]
+  const __nv_bfloat16* y_rows;  // [T*k, H]; gathered: [rows, H]
   __nv_bfloat16* y;             // [T, H]
   int64_t tokens, hidden;
   int topk;
+  const int32_t* row_of = nullptr;  // gathered: [T*k], row j of token t at y_rows[row_of[t*k+j]]; -1: absent
 };
 
 constexpr int kThreads = 256;
@@ -90,20 +91,29 @@ __global__ void __launch_bounds__(kThreads) combine_partials_kernel(PartialParam
 // HBM bandwidth even at k = 2.
 constexpr int kRowsInFlight = 8;
 
+// kGathered (the EP path): row j of token t is y_rows[row_of[t*k + j]], and an absent row (-1,
+// an assignment that overflowed decode's capacity) adds nothing; the same adds in the same order,
+// so the result is bitwise the plain combine's when every row is present.
+template <bool kGathered>
 __global__ void __launch_bounds__(kThreads, 4) combine_kernel(Params p) {
   dev::pdl_enter();
   int64_t t, c;
   if (!thread_columns(p.tokens, p.hidden, t, c)) return;
-  const __nv_bfloat16* rows = p.y_rows + t * p.topk * p.hidden + c;  // row j at j*H
+  const __nv_bfloat16* rows = p.y_rows + (kGathered ? 0 : t * p.topk * p.hidden) + c;  // plain: row j at j*H
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int first = 0; first < p.topk; first += kRowsInFlight) {
     uint4 r[kRowsInFlight];
-#pragma unroll
-    for (int g = 0; g < kRowsInFlight; ++g)
-      if (first + g < p.topk) r[g] = *reinterpret_cast<const uint4*>(rows + (first + g) * p.hidden);
+    bool have[kRowsInFlight];
 #pragma unroll
     for (int g = 0; g < kRowsInFlight; ++g) {
-      if (first + g < p.topk) {
+      const int j = first + g;
+      const int64_t row = j >= p.topk ? -1 : kGathered ? p.row_of[t * p.topk + j] : j;
+      have[g] = row >= 0;
+      if (have[g]) r[g] = *reinterpret_cast<const uint4*>(rows + row * p.hidden);
+    }
+#pragma unroll
+    for (int g = 0; g < kRowsInFlight; ++g) {
+      if (have[g]) {
         const uint32_t w[4] = {r[g].x, r[g].y, r[g].z, r[g].w};
 #pragma unroll
         for (int q = 0; q < 4; ++q) {

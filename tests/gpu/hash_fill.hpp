@@ -27,7 +27,8 @@ MK_HD uint16_t hash_bf16(uint64_t seed, int64_t i, float scale) {
 }
 
 #if defined(__CUDACC__)
-__global__ void hash_fill_kernel(uint16_t* out, int64_t n, int64_t offset, uint64_t seed, float scale) {
+// static: a header kernel, one copy per test file that fills.
+static __global__ void hash_fill_kernel(uint16_t* out, int64_t n, int64_t offset, uint64_t seed, float scale) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = hash_bf16(seed, offset + i, scale);
 }

@@ -37,6 +37,9 @@ struct BenchArgs {
   uint64_t seed = 20240901;
   bool no_baselines = false;
   int check_tokens = 16;
+  int ep = 0;                    // --ep R: the expert-parallel layer over R GPUs (bench_ep.cpp)
+  std::string ep_mode = "auto";  // prefill | decode | auto (decode for T <= 128 tokens per rank)
+  int64_t ep_capacity = 0;       // decode rows per (source, destination); 0: never overflows
 };
 
 struct CheckArgs {
@@ -49,6 +52,9 @@ struct CheckArgs {
 };
 
 int run_bench(const BenchArgs& args, const std::string& command);
+// `moekit bench --ep R`: spawns R rank processes of this executable (argv) and, in each, times the
+// EP layer. Rank 0 prints and writes --json.
+int run_bench_ep(const BenchArgs& args, const std::string& command, int argc, char** argv);
 int run_check(const CheckArgs& args);
 
 // ---- check.cpp: a GPU forward pass against the CPU oracle ----------------------------------

@@ -131,6 +131,17 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--check-tokens", bench.check_tokens, "tokens the oracle checks before timing")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  bench_cmd->add_option("--ep", bench.ep,
+                        "expert parallelism over R GPUs of this host (R processes over NCCL); --tokens are per rank")
+      ->check(CLI::Range(1, 8));
+  bench_cmd->add_option("--ep-mode", bench.ep_mode, "EP exchange: prefill (counts first), decode (fixed messages, CUDA "
+                                                    "graph) or auto (decode for T <= 128 per rank)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "prefill", "decode"}));
+  bench_cmd->add_option("--ep-capacity", bench.ep_capacity,
+                        "decode rows per (source, destination) message; 0: T*min(k, S), never overflows")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 
   moekit::cli::CheckArgs check;
   CLI::App* check_cmd = app.add_subcommand(
@@ -176,6 +187,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
 
   try {
+    if (bench_cmd->parsed() && bench.ep > 0) return moekit::cli::run_bench_ep(bench, command, argc, argv);
     if (bench_cmd->parsed()) return moekit::cli::run_bench(bench, command);
     if (check_cmd->parsed()) return moekit::cli::run_check(check);
     if (tune_cmd->parsed()) return moekit::cli::run_tune(tune, command);

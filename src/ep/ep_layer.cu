@@ -1,0 +1,351 @@
+// ep_layer.cu — the host side of an expert-parallel step over NCCL (moekit/ep_nccl.hpp):
+// validation, the buffers (allocated once), and the launches and exchanges of forward().
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "align/align_launch.hpp"
+#include "combine/combine_launch.hpp"
+#include "common/cuda_check.hpp"
+#include "common/launch.hpp"
+#include "common/validate.hpp"
+#include "ep/ep_kernels.cuh"
+#include "ep/internal.hpp"
+#include "ep/nccl.hpp"
+#include "moekit/ep_nccl.hpp"
+
+namespace moekit::ep {
+namespace {
+using detail::fail;
+std::string str(int64_t v) { return std::to_string(v); }
+nccl::Comm as_comm(void* c) { return static_cast<nccl::Comm>(c); }
+size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
+}  // namespace
+
+NcclId nccl_unique_id() {
+  nccl::UniqueId u{};
+  nccl::check(nccl::api().GetUniqueId(&u), "ncclGetUniqueId");
+  NcclId id{};
+  static_assert(sizeof id.bytes == sizeof u.internal);
+  std::memcpy(id.bytes, u.internal, sizeof id.bytes);
+  return id;
+}
+
+std::string nccl_version() {
+  const nccl::Api& a = nccl::api();
+  const int v = a.version;  // 2.9+: major*10000 + minor*100 + patch
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) + " (" +
+         a.library + ")";
+}
+
+Communicator::Communicator(const NcclId& id, int rank, int ranks) : rank_(rank), ranks_(ranks) {
+  constexpr const char* kEntry = "Communicator";
+  if (ranks < 1) fail(kEntry, "ranks", "must be >= 1, got " + str(ranks));
+  if (rank < 0 || rank >= ranks) fail(kEntry, "rank", "must be in [0, " + str(ranks) + "), got " + str(rank));
+  MK_CUDA_CHECK(cudaGetDevice(&device_));
+  nccl::UniqueId u{};
+  std::memcpy(u.internal, id.bytes, sizeof u.internal);
+  nccl::Comm c = nullptr;
+  nccl::check(nccl::api().CommInitRank(&c, ranks, u, rank), "ncclCommInitRank");
+  comm_ = c;
+}
+
+Communicator::~Communicator() {
+  if (comm_ != nullptr) {
+    const nccl::Result r = nccl::api().CommDestroy(as_comm(comm_));
+    if (r != 0) std::fprintf(stderr, "moekit: ncclCommDestroy failed: %d\n", r);
+  }
+}
+
+// ---- buffers -----------------------------------------------------------------------------------
+struct EpLayer::Buffers {
+  void* base = nullptr;
+  int32_t* h_counts = nullptr;  // pinned [2][R*S]: slot counts sent, counts received (prefill)
+  int32_t *replica_offsets, *replica_slots;
+  int32_t *slot, *order, *order_blocks, *order_rows, *slot_counts, *status, *align_scratch;
+  int32_t *inv, *sent_counts, *recv_counts, *overflow;
+  __nv_bfloat16 *send_x, *ret_x, *recv_x;
+  float *send_w, *recv_w;
+  void* local_ws = nullptr;
+  size_t local_ws_bytes = 0;
+  Workspace ws;
+  ~Buffers() {
+    if (base) cudaFree(base);
+    if (h_counts) cudaFreeHost(h_counts);
+  }
+};
+
+EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpOptions& options)
+    : comm_(comm), placement_(placement), opt_(options) {
+  constexpr const char* kEntry = "EpLayer";
+  internal::expect_placement(placement_, kEntry, "placement");
+  const MoeShape& s = opt_.shape;
+  const int64_t R = placement_.ranks, S = placement_.slots_per_rank, k = s.topk;
+  if (R != comm.ranks())
+    fail(kEntry, "placement", "has " + str(R) + " ranks but the communicator has " + str(comm.ranks()));
+  if (s.experts != placement_.experts)
+    fail(kEntry, "options.shape.experts", "is " + str(s.experts) + " but the placement has " + str(placement_.experts));
+  if (s.tokens < 1) fail(kEntry, "options.shape.tokens", "the most tokens per rank must be >= 1, got " + str(s.tokens));
+  detail::expect_shape(s, kEntry);
+  if (R * S > kMaxExperts)
+    fail(kEntry, "placement", "R*S = " + str(R * S) + " slots; the send order is an align over slots, at most " +
+                                  str(kMaxExperts));
+  if (s.hidden % 8 != 0) fail(kEntry, "options.shape.hidden", "must be a multiple of 8, got " + str(s.hidden));
+  const int64_t A = s.tokens * k;
+  if (opt_.mode == EpMode::decode) {
+    if (opt_.capacity < 0) fail(kEntry, "options.capacity", "must be >= 0, got " + str(opt_.capacity));
+    capacity_ = opt_.capacity > 0 ? opt_.capacity : no_overflow_capacity(placement_, s.tokens, k);
+    decode_geometry(placement_, capacity_);  // validates the 32-bit row bound
+  } else if (opt_.capacity != 0) {
+    fail(kEntry, "options.capacity", "is for decode; prefill sends exact sizes (give 0)");
+  }
+  // Rows a rank may receive: every source's assignments (prefill), or R fixed messages (decode).
+  recv_rows_max_ = opt_.mode == EpMode::decode ? R * capacity_ : R * A;
+  const int64_t send_rows_max = opt_.mode == EpMode::decode ? R * capacity_ : A;
+  if (recv_rows_max_ > std::numeric_limits<int32_t>::max() / 2)
+    fail(kEntry, "options.shape.tokens", "R*T*k = " + str(recv_rows_max_) + " receive rows do not fit 32-bit row ids");
+
+  // The local GEMMs: S experts, k = 1 (each received row is one assignment).
+  MoeShape local{recv_rows_max_, s.hidden, s.inter, S, 1};
+  GemmConfig up = opt_.up, down = opt_.down;
+  if (up.block_m == 0 || down.block_m == 0) {
+    // Configs for the typical load, T*k rows over S experts, as a single GPU with R*T tokens
+    // would see per expert; buffers are sized for the worst case below.
+    const ForwardPlan typical = plan_forward(MoeShape{std::max<int64_t>(1, A), s.hidden, s.inter, S, 1}, query_device());
+    up = typical.up, down = typical.down;
+  }
+  local_plan_ = plan_forward_with(local, up, down, 1);
+
+  // One allocation, carved in 256-byte pieces.
+  const int64_t slots = R * S, E = s.experts;
+  const bool grid_align = A > kAlignGridMinAssignments;
+  const int64_t H = s.hidden;
+  size_t at = 0;
+  auto piece = [&](size_t bytes) { const size_t p = at; at += round_up(bytes); return p; };
+  const size_t o_roff = piece(4 * (E + 1)), o_rslots = piece(4 * placement_.replica_slots.size());
+  const size_t o_slot = piece(4 * A), o_order = piece(4 * A), o_blocks = piece(4 * A), o_rows = piece(4);
+  const size_t o_counts = piece(4 * slots), o_status = piece(4);
+  const size_t o_scratch = grid_align ? piece(4 * size_t(kAlignMaxCtas) * (slots + 1)) : 0;
+  const size_t o_inv = piece(4 * A), o_sent = piece(4 * slots), o_recvc = piece(4 * slots), o_over = piece(4);
+  const size_t o_send_x = piece(2 * send_rows_max * H), o_ret_x = piece(2 * send_rows_max * H);
+  const size_t o_send_w = piece(4 * send_rows_max);
+  const size_t o_recv_x = piece(2 * recv_rows_max_ * H), o_recv_w = piece(4 * recv_rows_max_);
+  const size_t local_bytes = workspace_bytes(local_plan_);
+  const size_t o_local = piece(local_bytes);
+  bytes_ = at;
+
+  buf_ = std::make_unique<Buffers>();
+  Buffers& b = *buf_;
+  MK_CUDA_CHECK(cudaMalloc(&b.base, bytes_));
+  MK_CUDA_CHECK(cudaMallocHost(&b.h_counts, size_t(2 * slots) * 4));
+  char* base = static_cast<char*>(b.base);
+  auto i32 = [&](size_t o) { return reinterpret_cast<int32_t*>(base + o); };
+  b.replica_offsets = i32(o_roff), b.replica_slots = i32(o_rslots);
+  b.slot = i32(o_slot), b.order = i32(o_order), b.order_blocks = i32(o_blocks), b.order_rows = i32(o_rows);
+  b.slot_counts = i32(o_counts), b.status = i32(o_status), b.align_scratch = grid_align ? i32(o_scratch) : nullptr;
+  b.inv = i32(o_inv), b.sent_counts = i32(o_sent), b.recv_counts = i32(o_recvc), b.overflow = i32(o_over);
+  b.send_x = reinterpret_cast<__nv_bfloat16*>(base + o_send_x);
+  b.ret_x = reinterpret_cast<__nv_bfloat16*>(base + o_ret_x);
+  b.send_w = reinterpret_cast<float*>(base + o_send_w);
+  b.recv_x = reinterpret_cast<__nv_bfloat16*>(base + o_recv_x);
+  b.recv_w = reinterpret_cast<float*>(base + o_recv_w);
+  b.local_ws = base + o_local, b.local_ws_bytes = local_bytes;
+  b.ws = carve_workspace(local_plan_, b.local_ws, local_bytes);
+  MK_CUDA_CHECK(cudaMemset(b.base, 0, bytes_));  // no stale bytes: decode sends whole messages
+  MK_CUDA_CHECK(cudaMemcpy(b.replica_offsets, placement_.replica_offsets.data(), 4 * (E + 1), cudaMemcpyHostToDevice));
+  MK_CUDA_CHECK(cudaMemcpy(b.replica_slots, placement_.replica_slots.data(), 4 * placement_.replica_slots.size(),
+                           cudaMemcpyHostToDevice));
+
+  send_rows_.assign(size_t(R), 0), recv_rows_.assign(size_t(R), 0);
+  send_off_.assign(size_t(R + 1), 0), recv_off_.assign(size_t(R + 1), 0);
+  if (opt_.mode == EpMode::decode)
+    for (int64_t r = 0; r < R; ++r) {
+      send_rows_[size_t(r)] = recv_rows_[size_t(r)] = capacity_;
+      send_off_[size_t(r + 1)] = recv_off_[size_t(r + 1)] = (r + 1) * capacity_;
+    }
+}
+
+EpLayer::~EpLayer() = default;
+
+// ---- exchanges -------------------------------------------------------------------------------
+// The [R][S] counts: row d of this rank's slot counts goes to d; source s's row lands at [s].
+void EpLayer::exchange_counts(cudaStream_t stream) {
+  const nccl::Api& n = nccl::api();
+  const int R = comm_.ranks();
+  const int64_t S = placement_.slots_per_rank;
+  const int32_t* counts = opt_.mode == EpMode::decode ? buf_->sent_counts : buf_->slot_counts;
+  nccl::check(n.GroupStart(), "ncclGroupStart");
+  for (int peer = 0; peer < R; ++peer) {
+    nccl::check(n.Send(counts + peer * S, size_t(S) * 4, nccl::kUint8, peer, as_comm(comm_.nccl_comm()), stream), "ncclSend");
+    nccl::check(n.Recv(buf_->recv_counts + peer * S, size_t(S) * 4, nccl::kUint8, peer, as_comm(comm_.nccl_comm()), stream),
+                "ncclRecv");
+  }
+  nccl::check(n.GroupEnd(), "ncclGroupEnd");
+}
+
+// Dispatch (back = false): send_x/send_w rows [send_off[d], +send_rows[d]) to d, received at
+// recv_off[s]. Return (back = true): the local GEMM's y_rows along the same messages, reversed.
+void EpLayer::exchange_rows(bool back, cudaStream_t stream) {
+  const nccl::Api& n = nccl::api();
+  const nccl::Comm c = as_comm(comm_.nccl_comm());
+  const int R = comm_.ranks();
+  const size_t row = size_t(opt_.shape.hidden) * 2;
+  const auto* y_rows = static_cast<const char*>(buf_->ws.y_rows.data);
+  nccl::check(n.GroupStart(), "ncclGroupStart");
+  for (int peer = 0; peer < R; ++peer) {
+    const size_t so = size_t(send_off_[size_t(peer)]), sn = size_t(send_rows_[size_t(peer)]);
+    const size_t ro = size_t(recv_off_[size_t(peer)]), rn = size_t(recv_rows_[size_t(peer)]);
+    if (!back) {
+      if (sn) {
+        nccl::check(n.Send(reinterpret_cast<const char*>(buf_->send_x) + so * row, sn * row, nccl::kUint8, peer, c, stream), "ncclSend");
+        nccl::check(n.Send(buf_->send_w + so, sn * 4, nccl::kUint8, peer, c, stream), "ncclSend");
+      }
+      if (rn) {
+        nccl::check(n.Recv(reinterpret_cast<char*>(buf_->recv_x) + ro * row, rn * row, nccl::kUint8, peer, c, stream), "ncclRecv");
+        nccl::check(n.Recv(buf_->recv_w + ro, rn * 4, nccl::kUint8, peer, c, stream), "ncclRecv");
+      }
+    } else {
+      if (rn) nccl::check(n.Send(y_rows + ro * row, rn * row, nccl::kUint8, peer, c, stream), "ncclSend");
+      if (sn) nccl::check(n.Recv(reinterpret_cast<char*>(buf_->ret_x) + so * row, sn * row, nccl::kUint8, peer, c, stream), "ncclRecv");
+    }
+  }
+  nccl::check(n.GroupEnd(), "ncclGroupEnd");
+}
+
+void EpLayer::exchange_only(cudaStream_t stream) {
+  if (last_tokens_ < 0) fail("EpLayer::exchange_only", "this", "needs a forward first (its message sizes)");
+  exchange_rows(false, stream);
+  exchange_rows(true, stream);
+}
+
+// ---- forward ---------------------------------------------------------------------------------
+void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& w13,
+                      const Tensor& w2, const Tensor& y, int64_t token_offset, cudaStream_t stream) {
+  constexpr const char* kEntry = "EpLayer::forward";
+  const MoeShape& s = opt_.shape;
+  const int64_t R = placement_.ranks, S = placement_.slots_per_rank, k = s.topk, H = s.hidden, F = s.inter;
+  const int64_t T = x.rank == 2 ? x.dim(0) : -1;
+  if (T < 0 || T > s.tokens)
+    fail(kEntry, "x", "expected [T, " + str(H) + "] bf16 with T <= options.shape.tokens = " + str(s.tokens) + ", got " +
+                          x.shape_str());
+  detail::expect_tensor(kEntry, "x", x, DType::bf16, {T, H});
+  detail::expect_tensor(kEntry, "topk_ids", topk_ids, DType::i32, {T, k});
+  detail::expect_tensor(kEntry, "topk_weights", topk_weights, DType::f32, {T, k});
+  detail::expect_tensor(kEntry, "w13", w13, DType::bf16, {S, 2 * F, H});
+  detail::expect_tensor(kEntry, "w2", w2, DType::bf16, {S, H, F});
+  detail::expect_tensor(kEntry, "y", y, DType::bf16, {T, H});
+  if (token_offset < 0) fail(kEntry, "token_offset", "must be >= 0, got " + str(token_offset));
+  int device = -1;
+  MK_CUDA_CHECK(cudaGetDevice(&device));
+  if (device != comm_.device())
+    fail(kEntry, "stream", "current device is " + str(device) + " but the communicator's is " + str(comm_.device()));
+
+  Buffers& b = *buf_;
+  const bool decode = opt_.mode == EpMode::decode;
+  const int64_t A = T * k;
+  nvtxRangePushA("moekit.ep.forward");
+
+  // route: the slot of every assignment.
+  kernels::ep::RouteParams rp{topk_ids.as<const int32_t>(), b.replica_offsets, b.replica_slots, b.slot, A,
+                              token_offset, int(k), int(s.experts), int(S), comm_.rank(),
+                              placement_.rule == ReplicaRule::prefer_home};
+  detail::launch_pdl("ep.route_kernel", kernels::ep::route_kernel,
+                     dim3(unsigned(std::max<int64_t>(1, (A + kernels::ep::kRouteThreads - 1) / kernels::ep::kRouteThreads))),
+                     dim3(kernels::ep::kRouteThreads), 0, stream, rp);
+  // order: align over the R*S slots, block_m = 1 (plan_dispatch's stable counting sort).
+  kernels::align::Params ap{};
+  ap.topk_ids = b.slot, ap.sorted_ids = b.order, ap.block_expert = b.order_blocks, ap.num_rows_padded = b.order_rows;
+  ap.expert_counts = b.slot_counts, ap.status = b.status, ap.cta_counts = b.align_scratch;
+  ap.num_assign = A, ap.max_blocks = s.tokens * k, ap.experts = int(R * S), ap.block_m = 1;
+  detail::launch_align(ap, stream);
+  // pack
+  if (decode) MK_CUDA_CHECK(cudaMemsetAsync(b.overflow, 0, 4, stream));
+  kernels::ep::PackParams pp{x.as<const __nv_bfloat16>(), topk_weights.as<const float>(), b.slot, b.order, b.slot_counts,
+                             b.send_x, b.send_w, b.inv, decode ? b.sent_counts : nullptr, b.overflow, b.status,
+                             A, H, decode ? capacity_ : 0, int(k), int(R * S), int(S)};
+  const int64_t pack_ctas = std::clamp<int64_t>((A + 7) / 8, 1, 4 * 132);
+  detail::launch_pdl("ep.pack_kernel", kernels::ep::pack_kernel, dim3(unsigned(pack_ctas)), dim3(kernels::ep::kPackThreads),
+                     0, stream, pp);
+
+  // exchange: counts (prefill: then sizes on the host), rows and weights.
+  exchange_counts(stream);
+  if (!decode) {
+    MK_CUDA_CHECK(cudaMemcpyAsync(b.h_counts, b.slot_counts, size_t(R * S) * 4, cudaMemcpyDeviceToHost, stream));
+    MK_CUDA_CHECK(cudaMemcpyAsync(b.h_counts + R * S, b.recv_counts, size_t(R * S) * 4, cudaMemcpyDeviceToHost, stream));
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t sn = 0, rn = 0;
+      for (int64_t l = 0; l < S; ++l) sn += b.h_counts[r * S + l], rn += b.h_counts[R * S + r * S + l];
+      send_rows_[size_t(r)] = sn, recv_rows_[size_t(r)] = rn;
+      send_off_[size_t(r + 1)] = send_off_[size_t(r)] + sn, recv_off_[size_t(r + 1)] = recv_off_[size_t(r)] + rn;
+    }
+    // Cannot happen with consistent ranks (each sends at most its T*k rows); a guard, not a check.
+    if (recv_off_[size_t(R)] > recv_rows_max_ || send_off_[size_t(R)] > A)
+      fail(kEntry, "topk_ids", "the ranks disagree on the step: " + str(recv_off_[size_t(R)]) + " rows arrive, room for " +
+                                   str(recv_rows_max_) + " (every rank must call forward with the same options)");
+  }
+  exchange_rows(false, stream);
+
+  // experts: the local block table from the counts, then moekit's GEMMs on the received rows.
+  kernels::ep::ReceiveParams rv{b.recv_counts, b.ws.sorted_ids.as<int32_t>(), b.ws.block_expert.as<int32_t>(),
+                                b.ws.num_rows_padded.as<int32_t>(), b.ws.expert_counts.as<int32_t>(),
+                                local_plan_.max_blocks, decode ? capacity_ : 0, int32_t(recv_rows_max_), int(R), int(S),
+                                local_plan_.block_m};
+  detail::launch_pdl("ep.receive_layout_kernel", kernels::ep::receive_layout_kernel, dim3(1),
+                     dim3(kernels::ep::kReceiveThreads), 0, stream, rv);
+  const Tensor recv_x(b.recv_x, DType::bf16, {recv_rows_max_, H});
+  const Tensor recv_w(b.recv_w, DType::f32, {recv_rows_max_, 1});
+  expert_up(local_plan_, recv_x, w13, b.ws, stream);
+  expert_down(local_plan_, w2, recv_w, b.ws, stream);
+
+  // return and combine
+  exchange_rows(true, stream);
+  detail::launch_combine_gathered(b.ret_x, b.inv, y.data, T, H, int(k), stream);
+  last_tokens_ = T;
+  nvtxRangePop();
+}
+
+// ---- after a step --------------------------------------------------------------------------
+EpStats EpLayer::stats(cudaStream_t stream) const {
+  if (last_tokens_ < 0) fail("EpLayer::stats", "this", "needs a forward first");
+  const int64_t R = placement_.ranks, S = placement_.slots_per_rank;
+  const bool decode = opt_.mode == EpMode::decode;
+  std::vector<int32_t> sent(size_t(R * S)), recv(size_t(R * S));
+  int32_t status = 0, overflow = 0;
+  MK_CUDA_CHECK(cudaMemcpyAsync(sent.data(), decode ? buf_->sent_counts : buf_->slot_counts, sent.size() * 4,
+                                cudaMemcpyDeviceToHost, stream));
+  MK_CUDA_CHECK(cudaMemcpyAsync(recv.data(), buf_->recv_counts, recv.size() * 4, cudaMemcpyDeviceToHost, stream));
+  MK_CUDA_CHECK(cudaMemcpyAsync(&status, buf_->status, 4, cudaMemcpyDeviceToHost, stream));
+  MK_CUDA_CHECK(cudaMemcpyAsync(&overflow, buf_->overflow, 4, cudaMemcpyDeviceToHost, stream));
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  EpStats st;
+  st.overflow = decode ? overflow : 0;
+  st.ids_out_of_range = (status & kStatusExpertIdOutOfRange) != 0;
+  st.rows_sent.assign(size_t(R), 0), st.rows_received.assign(size_t(R), 0);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t l = 0; l < S; ++l) st.rows_sent[size_t(r)] += sent[size_t(r * S + l)], st.rows_received[size_t(r)] += recv[size_t(r * S + l)];
+  const int64_t row = opt_.shape.hidden * 2, me = comm_.rank();
+  for (int64_t r = 0; r < R; ++r) {
+    if (r == me) continue;
+    // What NCCL moved out of this rank: whole messages (decode: capacity rows) of rows and weights,
+    // the counts, and the results of the rows it received, sent back.
+    st.bytes_on_wire += send_rows_[size_t(r)] * (row + 4) + S * 4 + recv_rows_[size_t(r)] * row;
+  }
+  return st;
+}
+
+void EpLayer::check(cudaStream_t stream) const {
+  const EpStats st = stats(stream);
+  if (st.ids_out_of_range)
+    fail("EpLayer::forward", "topk_ids", "an expert id is outside [0, " + str(opt_.shape.experts) + "); those assignments were skipped");
+  if (st.overflow > 0)
+    fail("EpLayer::forward", "options.capacity",
+         str(st.overflow) + " assignments did not fit the decode capacity of " + str(capacity_) +
+             " rows per destination; their results are missing from y (raise the capacity)");
+}
+
+}  // namespace moekit::ep

@@ -1,0 +1,316 @@
+// ep_test.cu — expert parallelism over NCCL against the single-GPU layer.
+//
+// Every rank builds the same layer (hash-filled from one seed), runs the whole layer alone on its
+// GPU as the reference (route + experts_forward over all T tokens, every expert), then its slice
+// of the tokens through EpLayer with only its slots' weights, and compares bitwise:
+//   - its own routing of its slice equals the slice of the whole batch's (batch invariance);
+//   - prefill (counts first) and decode (fixed messages, captured in a CUDA graph and replayed)
+//     outputs equal the reference's rows, with the same tile configs and down_splits = 1;
+//   - a decode capacity too small: the overflow count is exactly the host plan's
+//     (plan_decode_dispatch), check() names options.capacity, and every token none of whose
+//     assignments overflowed is still bitwise the reference.
+// R = 1 runs in this process (gpu-check, one GPU). R = 2 and R = #GPUs (<= 8) run as R processes
+// (spawn_ranks re-executes this binary, filtered to EpMultiRank) and skip visibly below 2 GPUs.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ep/spawn.hpp"
+#include "gpu/gpu_util.hpp"
+#include "gpu/hash_fill.hpp"
+#include "moekit/ep.hpp"
+#include "moekit/ep_nccl.hpp"
+#include "moekit/moe.hpp"
+
+namespace moekit::test {
+namespace {
+
+using ref::bf16;
+
+bool nccl_missing(std::string* why) {
+  try {
+    ep::nccl_version();
+    return false;
+  } catch (const Error& e) {
+    *why = e.what();
+    return true;
+  }
+}
+
+GemmConfig compiled(GemmKernel kind, int block_m) {
+  for (const GemmConfig& c : compiled_gemm_configs())
+    if (c.kernel == kind && c.block_m == block_m) return c;
+  ADD_FAILURE() << "no compiled config with block_m " << block_m;
+  return {};
+}
+
+struct Weights {
+  MoeShape s;
+  DeviceBuffer<bf16> x, w_gate, w13, w2;
+  Weights(const MoeShape& shape, uint64_t seed)
+      : s(shape),
+        x(size_t(s.tokens * s.hidden)),
+        w_gate(size_t(s.experts * s.hidden)),
+        w13(size_t(s.experts * 2 * s.inter * s.hidden)),
+        w2(size_t(s.experts * s.hidden * s.inter)) {
+    hash_fill_device(x.ptr, int64_t(x.count), seed + 1, 1.0f);
+    hash_fill_device(w_gate.ptr, int64_t(w_gate.count), seed + 2, 1.0f / std::sqrt(float(s.hidden)));
+    hash_fill_device(w13.ptr, int64_t(w13.count), seed + 3, 1.0f / std::sqrt(float(s.hidden)));
+    hash_fill_device(w2.ptr, int64_t(w2.count), seed + 4, 1.0f / std::sqrt(float(s.inter)));
+    MK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+struct Routing {
+  DeviceBuffer<int32_t> ids;
+  DeviceBuffer<float> weights, logits;
+  Routing(const bf16* x, int64_t tokens, const Weights& w, const RouterOptions& ro, cudaStream_t stream)
+      : ids(size_t(tokens * w.s.topk)), weights(size_t(tokens * w.s.topk)), logits(size_t(tokens * w.s.experts)) {
+    route(Tensor(x, DType::bf16, {tokens, w.s.hidden}), Tensor(w.w_gate.ptr, DType::bf16, {w.s.experts, w.s.hidden}),
+          Tensor(), Tensor(), ro, Tensor(ids.ptr, DType::i32, {tokens, w.s.topk}),
+          Tensor(weights.ptr, DType::f32, {tokens, w.s.topk}), stream,
+          Tensor(logits.ptr, DType::f32, {tokens, w.s.experts}));
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+};
+
+// One mode's comparison on one rank (see the file comment).
+void check_mode(const ep::Communicator& comm, ep::EpMode mode, int64_t tokens, uint64_t seed, cudaStream_t stream) {
+  const int R = comm.ranks(), rank = comm.rank();
+  const bool decode = mode == ep::EpMode::decode;
+  SCOPED_TRACE(::testing::Message() << "rank " << rank << "/" << R << (decode ? " decode" : " prefill") << " T=" << tokens
+                                    << " seed=" << seed);
+  const MoeShape s{tokens, 1024, 512, 32, 4};
+  RouterOptions ro;
+  ro.renormalize = true;
+  const Weights w(s, seed);
+  const int64_t H = s.hidden, F = s.inter, E = s.experts, k = s.topk;
+  const GemmConfig cfg = decode ? compiled(GemmKernel::mma_sync, 16) : compiled(GemmKernel::wgmma, 128);
+
+  // The reference: the whole layer on this GPU.
+  const Routing all(w.x.ptr, tokens, w, ro, stream);
+  const ForwardPlan ref_plan = plan_forward_with(s, cfg, cfg, 1);
+  DeviceBuffer<unsigned char> ref_ws(workspace_bytes(ref_plan));
+  DeviceBuffer<bf16> y_ref(size_t(tokens * H));
+  y_ref.poison();
+  experts_forward(ref_plan, Tensor(w.x.ptr, DType::bf16, {tokens, H}), Tensor(w.w13.ptr, DType::bf16, {E, 2 * F, H}),
+                  Tensor(w.w2.ptr, DType::bf16, {E, H, F}), Tensor(all.ids.ptr, DType::i32, {tokens, k}),
+                  Tensor(all.weights.ptr, DType::f32, {tokens, k}), Tensor(y_ref.ptr, DType::bf16, {tokens, H}),
+                  ref_ws.ptr, ref_ws.count, stream);
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<int32_t> ids_all = all.ids.download();
+  const std::vector<float> w_all = all.weights.download();
+  const std::vector<bf16> y_all = y_ref.download();
+
+  // Placement: with R > 1, replicas of the hottest experts by the batch's own histogram.
+  ep::PlacementOptions po{.experts = E, .ranks = R};
+  if (R > 1) {
+    po.expert_load.assign(size_t(E), 0.0);
+    for (int32_t e : ids_all) po.expert_load[size_t(e)] += 1;
+    po.replicas = 4;
+    po.rule = decode ? ep::ReplicaRule::token_modulo : ep::ReplicaRule::prefer_home;
+  }
+  const ep::Placement p = ep::plan_placement(po);
+  const int64_t S = p.slots_per_rank;
+  DeviceBuffer<bf16> w13_local(size_t(S * 2 * F * H)), w2_local(size_t(S * H * F));
+  MK_CUDA_CHECK(cudaMemset(w13_local.ptr, 0, w13_local.count * 2));
+  MK_CUDA_CHECK(cudaMemset(w2_local.ptr, 0, w2_local.count * 2));
+  for (int64_t l = 0; l < S; ++l) {
+    const int32_t e = p.slot_expert[size_t(rank * S + l)];
+    if (e < 0) continue;
+    MK_CUDA_CHECK(cudaMemcpy(w13_local.ptr + l * 2 * F * H, w.w13.ptr + e * 2 * F * H, size_t(2 * F * H) * 2, cudaMemcpyDeviceToDevice));
+    MK_CUDA_CHECK(cudaMemcpy(w2_local.ptr + l * H * F, w.w2.ptr + e * H * F, size_t(H * F) * 2, cudaMemcpyDeviceToDevice));
+  }
+
+  // This rank's tokens, routed here.
+  const std::vector<int64_t> split = ep::split_tokens(tokens, R);
+  const int64_t t0 = split[size_t(rank)], T = split[size_t(rank + 1)] - t0;
+  int64_t t_max = 0;
+  for (int r = 0; r < R; ++r) t_max = std::max(t_max, split[size_t(r + 1)] - split[size_t(r)]);
+  const bf16* x_local = w.x.ptr + t0 * H;
+  const Routing mine(x_local, T, w, ro, stream);
+  const std::vector<int32_t> ids_local = mine.ids.download();
+  const std::vector<float> w_local = mine.weights.download();
+  EXPECT_TRUE(std::equal(ids_local.begin(), ids_local.end(), ids_all.begin() + t0 * k) &&
+              std::memcmp(w_local.data(), w_all.data() + t0 * k, w_local.size() * 4) == 0)
+      << "routing a slice differs from the slice of the batch's routing";
+
+  const Tensor xt(x_local, DType::bf16, {T, H}), idt(mine.ids.ptr, DType::i32, {T, k});
+  const Tensor wt(mine.weights.ptr, DType::f32, {T, k});
+  const Tensor w13t(w13_local.ptr, DType::bf16, {S, 2 * F, H}), w2t(w2_local.ptr, DType::bf16, {S, H, F});
+  DeviceBuffer<bf16> y(size_t(std::max<int64_t>(1, T * H)));
+  const Tensor yt(y.ptr, DType::bf16, {T, H});
+  auto expect_rows_equal = [&](const std::vector<bf16>& got, const std::vector<uint8_t>* skip, const char* what) {
+    int64_t bad = 0, first = -1;
+    for (int64_t t = 0; t < T; ++t) {
+      if (skip && (*skip)[size_t(t)]) continue;
+      if (std::memcmp(got.data() + t * H, y_all.data() + (t0 + t) * H, size_t(H) * 2) != 0) {
+        if (first < 0) first = t;
+        ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << T << " tokens differ from the single-GPU layer (first: local token "
+                      << first << ")";
+  };
+
+  ep::EpOptions opt{.shape = MoeShape{t_max, H, F, E, k}, .mode = mode, .capacity = 0, .up = cfg, .down = cfg};
+  ep::EpLayer layer(comm, p, opt);
+  if (!decode) {
+    y.poison();
+    layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream);
+    EXPECT_NO_THROW(layer.check(stream));
+    expect_rows_equal(y.download(), nullptr, "prefill");
+    const ep::EpStats st = layer.stats(stream);
+    int64_t sent = 0;
+    for (int64_t v : st.rows_sent) sent += v;
+    EXPECT_EQ(sent, T * k) << "every assignment is sent exactly once";
+    // A second step on the same buffers gives the same bits.
+    layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream);
+    expect_rows_equal(y.download(), nullptr, "prefill, second step");
+    return;
+  }
+  {
+    layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream);  // eager first: NCCL sets up its connections
+    y.poison();
+    CapturedGraph graph(stream, [&] { layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream); });
+    for (int replay = 0; replay < 2; ++replay) {
+      y.poison();
+      graph.launch(stream);
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      expect_rows_equal(y.download(), nullptr, replay ? "decode graph, second replay" : "decode graph");
+    }
+    EXPECT_NO_THROW(layer.check(stream));
+    EXPECT_EQ(layer.stats(stream).overflow, 0);
+  }
+  {
+    // Capacity 2 rows per destination: overflow, counted exactly as the host plan says.
+    ep::EpOptions small = opt;
+    small.capacity = 2;
+    ep::EpLayer tight(comm, p, small);
+    y.poison();
+    tight.forward(xt, idt, wt, w13t, w2t, yt, t0, stream);
+    const ep::DecodeDispatch plan = ep::plan_decode_dispatch(
+        ep::decode_geometry(p, 2), ep::plan_dispatch(p, ids_local.data(), T, k, t0, rank));
+    const ep::EpStats st = tight.stats(stream);
+    EXPECT_EQ(st.overflow, plan.overflow);
+    if (plan.overflow > 0) {
+      try {
+        tight.check(stream);
+        ADD_FAILURE() << "check() did not report the overflow";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("options.capacity"), std::string::npos) << e.what();
+      }
+    }
+    std::vector<uint8_t> touched(size_t(T), 0);
+    for (int64_t a = 0; a < T * k; ++a)
+      if (plan.send_row[size_t(a)] < 0) touched[size_t(a / k)] = 1;
+    expect_rows_equal(y.download(), &touched, "decode with overflow, tokens that kept all their rows");
+  }
+}
+
+void run_all_modes(const ep::Communicator& comm, uint64_t seed, cudaStream_t stream) {
+  const int R = comm.ranks();
+  check_mode(comm, ep::EpMode::prefill, 96 * R + 5, seed, stream);  // slices differ by one token
+  check_mode(comm, ep::EpMode::decode, 6 * R + 1, seed + 100, stream);
+}
+
+class EpTest : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+    std::string why;
+    if (nccl_missing(&why)) GTEST_SKIP() << "EP needs NCCL at run time: " << why;
+  }
+};
+
+TEST_F(EpTest, OneRankMatchesSingleGpuLayerBitwise) {
+  const ep::Communicator comm(ep::nccl_unique_id(), 0, 1);
+  run_all_modes(comm, fresh_seed(), stream);
+}
+
+TEST_F(EpTest, BadArgumentsAreNamed) {
+  const ep::Communicator comm(ep::nccl_unique_id(), 0, 1);
+  const MoeShape s{8, 1024, 512, 32, 4};
+  const ep::Placement one = ep::plan_placement({.experts = 32, .ranks = 1});
+  const ep::Placement two = ep::plan_placement({.experts = 32, .ranks = 2});
+  auto expect_names = [](const char* arg, auto&& f) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
+    }
+  };
+  expect_names("placement", [&] { ep::EpLayer l(comm, two, {.shape = s}); });
+  expect_names("options.shape.experts", [&] { ep::EpLayer l(comm, one, {.shape = MoeShape{8, 1024, 512, 16, 4}}); });
+  expect_names("options.shape.tokens", [&] { ep::EpLayer l(comm, one, {.shape = MoeShape{0, 1024, 512, 32, 4}}); });
+  expect_names("options.capacity", [&] { ep::EpLayer l(comm, one, {.shape = s, .capacity = 4}); });
+  expect_names("options.capacity", [&] { ep::EpLayer l(comm, one, {.shape = s, .mode = ep::EpMode::decode, .capacity = -1}); });
+  ep::EpLayer layer(comm, one, {.shape = s});
+  DeviceBuffer<bf16> x(size_t(16 * 1024)), w13(size_t(32 * 1024 * 1024)), w2(size_t(32 * 1024 * 512)), y(size_t(16 * 1024));
+  DeviceBuffer<int32_t> ids(64);
+  DeviceBuffer<float> wts(64);
+  const Tensor w13t(w13.ptr, DType::bf16, {32, 1024, 1024}), w2t(w2.ptr, DType::bf16, {32, 1024, 512});
+  expect_names("'x'", [&] {  // more tokens than the layer was built for
+    layer.forward(Tensor(x.ptr, DType::bf16, {16, 1024}), Tensor(ids.ptr, DType::i32, {16, 4}),
+                  Tensor(wts.ptr, DType::f32, {16, 4}), w13t, w2t, Tensor(y.ptr, DType::bf16, {16, 1024}), 0, stream);
+  });
+  expect_names("topk_weights", [&] {
+    layer.forward(Tensor(x.ptr, DType::bf16, {8, 1024}), Tensor(ids.ptr, DType::i32, {8, 4}),
+                  Tensor(wts.ptr, DType::i32, {8, 4}), w13t, w2t, Tensor(y.ptr, DType::bf16, {8, 1024}), 0, stream);
+  });
+  expect_names("w2", [&] {
+    layer.forward(Tensor(x.ptr, DType::bf16, {8, 1024}), Tensor(ids.ptr, DType::i32, {8, 4}),
+                  Tensor(wts.ptr, DType::f32, {8, 4}), w13t, w13t, Tensor(y.ptr, DType::bf16, {8, 1024}), 0, stream);
+  });
+  expect_names("token_offset", [&] {
+    layer.forward(Tensor(x.ptr, DType::bf16, {8, 1024}), Tensor(ids.ptr, DType::i32, {8, 4}),
+                  Tensor(wts.ptr, DType::f32, {8, 4}), w13t, w2t, Tensor(y.ptr, DType::bf16, {8, 1024}), -1, stream);
+  });
+  // An expert id out of range is skipped on the device and reported by check().
+  std::vector<int32_t> bad(32, 3);
+  bad[5] = 32;
+  ids.upload(bad);
+  layer.forward(Tensor(x.ptr, DType::bf16, {8, 1024}), Tensor(ids.ptr, DType::i32, {8, 4}),
+                Tensor(wts.ptr, DType::f32, {8, 4}), w13t, w2t, Tensor(y.ptr, DType::bf16, {8, 1024}), 0, stream);
+  expect_names("topk_ids", [&] { layer.check(stream); });
+}
+
+// R processes, one GPU each: the parent spawns, each child (MOEKIT_EP_RANK set) is one rank.
+TEST(EpMultiRank, MatchesSingleGpuLayerBitwise) {
+  if (const std::optional<ep::RankEnv> env = ep::rank_from_env()) {
+    MK_CUDA_CHECK(cudaSetDevice(env->rank));
+    cudaStream_t stream = nullptr;
+    MK_CUDA_CHECK(cudaStreamCreate(&stream));
+    const char* seed = std::getenv("MOEKIT_EP_TEST_SEED");
+    {
+      const ep::Communicator comm(env->id, env->rank, env->ranks);
+      run_all_modes(comm, seed ? std::strtoull(seed, nullptr, 10) : 1, stream);
+    }
+    cudaStreamDestroy(stream);
+    return;
+  }
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) cudaGetLastError(), gpus = 0;
+  if (gpus < 2) GTEST_SKIP() << "needs 2 or more GPUs (this machine has " << gpus << "): run on a multi-GPU device kind";
+  std::string why;
+  if (nccl_missing(&why)) GTEST_SKIP() << "EP needs NCCL at run time: " << why;
+  const uint64_t seed = fresh_seed();
+  setenv("MOEKIT_EP_TEST_SEED", std::to_string(seed).c_str(), 1);
+  std::vector<int> sizes{2};
+  if (gpus > 2) sizes.push_back(std::min(gpus, 8));
+  for (int R : sizes) {
+    SCOPED_TRACE(::testing::Message() << "R=" << R << " seed=" << seed);
+    const std::vector<int> status = ep::spawn_ranks(R, {"--gtest_filter=EpMultiRank.MatchesSingleGpuLayerBitwise"});
+    for (int r = 0; r < R; ++r) EXPECT_EQ(status[size_t(r)], 0) << "rank " << r << " failed (its output is above)";
+  }
+}
+
+}  // namespace
+}  // namespace moekit::test
