@@ -217,6 +217,7 @@ void run_all_modes(const ep::Communicator& comm, uint64_t seed, cudaStream_t str
   const int R = comm.ranks();
   check_mode(comm, ep::EpMode::prefill, 96 * R + 5, seed, stream);  // slices differ by one token
   check_mode(comm, ep::EpMode::decode, 6 * R + 1, seed + 100, stream);
+  check_mode(comm, ep::EpMode::decode, 1, seed + 200, stream);  // one token: R - 1 ranks send nothing
 }
 
 class EpTest : public GpuTest {
