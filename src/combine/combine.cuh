@@ -91,29 +91,31 @@ __global__ void __launch_bounds__(kThreads) combine_partials_kernel(PartialParam
 // HBM bandwidth even at k = 2.
 constexpr int kRowsInFlight = 8;
 
-// kGathered (the EP path): row j of token t is y_rows[row_of[t*k + j]], and an absent row (-1,
-// an assignment that overflowed decode's capacity) adds nothing; the same adds in the same order,
-// so the result is bitwise the plain combine's when every row is present.
+// kGathered (the EP path): row j of token t is y_rows[row_of[t*k + j]]. An absent row (-1, an
+// assignment that overflowed decode's capacity) reads as -0.0, the exact identity of FP32
+// addition (s + -0.0 == s for every s, zeros' signs included), so the adds and their order are
+// the plain combine's and the result is bitwise its result when every row is present.
 template <bool kGathered>
 __global__ void __launch_bounds__(kThreads, 4) combine_kernel(Params p) {
   dev::pdl_enter();
   int64_t t, c;
   if (!thread_columns(p.tokens, p.hidden, t, c)) return;
   const __nv_bfloat16* rows = p.y_rows + (kGathered ? 0 : t * p.topk * p.hidden) + c;  // plain: row j at j*H
+  constexpr uint32_t kNegZeros = 0x80008000u;  // two bf16 -0.0
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int first = 0; first < p.topk; first += kRowsInFlight) {
     uint4 r[kRowsInFlight];
-    bool have[kRowsInFlight];
 #pragma unroll
     for (int g = 0; g < kRowsInFlight; ++g) {
-      const int j = first + g;
-      const int64_t row = j >= p.topk ? -1 : kGathered ? p.row_of[t * p.topk + j] : j;
-      have[g] = row >= 0;
-      if (have[g]) r[g] = *reinterpret_cast<const uint4*>(rows + row * p.hidden);
+      if (first + g < p.topk) {
+        const int64_t row = kGathered ? p.row_of[t * p.topk + first + g] : first + g;
+        r[g] = row >= 0 ? *reinterpret_cast<const uint4*>(rows + row * p.hidden)
+                        : make_uint4(kNegZeros, kNegZeros, kNegZeros, kNegZeros);
+      }
     }
 #pragma unroll
     for (int g = 0; g < kRowsInFlight; ++g) {
-      if (have[g]) {
+      if (first + g < p.topk) {
         const uint32_t w[4] = {r[g].x, r[g].y, r[g].z, r[g].w};
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
