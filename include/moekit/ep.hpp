@@ -14,25 +14,20 @@
 //             counts alone: no sort) and runs moekit's up/down GEMMs on its local weights;
 //   combine:  results go back along the same chunks (the reverse exchange reuses the counts),
 //             land at their assignment row a = t*k + j, and combine sums each token's k rows in
-//             slot order. If a GEMM row's result does not depend on which rows share its tile
-//             (an assumption the R-process test must confirm), the output is bitwise the
-//             single-GPU layer's when both use the same down-GEMM split-K (a rank sees fewer
-//             rows per expert and may plan another: then within the GEMM's stated bound).
+//             slot order. A GEMM row's result does not depend on which rows share its tile, so
+//             the output is bitwise the single-GPU layer's when both use the same tile configs
+//             and no down-GEMM split-K (tests/gpu/ep_test.cu checks it with R processes).
 // Prefill exchanges the [R][S] counts first and sends exact sizes. Decode (DecodeGeometry) sends
 // fixed-size messages of `capacity` rows per (source, destination) pair with a counts mask, so a
 // whole step has static sizes and captures in a CUDA graph with no host sync; rows beyond
 // capacity are counted (plan_decode_dispatch) and reported, never silently dropped.
 //
-// What the GPU/NCCL path will do with this header: the Placement's flat int32 tables
-// (slot_expert, replica_offsets, replica_slots) are copied to every device once; a small kernel
-// maps topk_ids to slots by route_assignment's rule, align (block_m = 1) on those slots gives
-// the send order of plan_dispatch (R*S above kMaxExperts needs align widened), the exchanges are ncclSend/ncclRecv inside one
-// ncclGroupStart/End (or ncclAllToAll for decode's equal sizes), and each layout here is the
-// oracle its device version is compared with bitwise, as ref::align is for align.
-// Not done yet: that device path, the multi-process tests and `moekit bench --ep` — they need a
-// machine with several GPUs, and none was lent. src/ep/ep_sim.hpp simulates the R ranks on the
-// CPU with these layouts and checks every assignment is delivered exactly once and returns to
-// its (token, slot).
+// The GPU path (moekit/ep_nccl.hpp, src/ep/ep_layer.cu) copies the Placement's flat int32 tables
+// to the device once; a kernel maps topk_ids to slots by route_assignment's rule, align
+// (block_m = 1) over the R*S <= kMaxExperts slots gives plan_dispatch's send order, and the
+// exchanges are ncclSend/ncclRecv pairs in one group per direction. src/ep/ep_sim.hpp simulates
+// the R ranks on the CPU with these layouts and checks every assignment is delivered exactly
+// once and returns to its (token, slot).
 #pragma once
 
 #include <cstdint>

@@ -74,17 +74,20 @@ struct EpOptions {
 
 // What the last forward did, read back from the device (synchronises the stream).
 struct EpStats {
-  int64_t overflow = 0;                 // this rank's assignments beyond decode capacity (0 in prefill)
-  bool ids_out_of_range = false;        // a topk id outside [0, E): skipped
-  std::vector<int64_t> rows_sent;       // [R]: rows this rank sent each destination (decode: that fit)
-  std::vector<int64_t> rows_received;   // [R]: rows each source sent this rank
-  int64_t bytes_on_wire = 0;            // sent to peers (not itself) in both exchanges: what NCCL moved out
+  int64_t overflow = 0;                // this rank's assignments beyond decode capacity (0 in prefill)
+  bool ids_out_of_range = false;       // a topk id outside [0, E): skipped
+  std::vector<int64_t> rows_sent;      // [R]: rows this rank sent each destination (decode: that fit)
+  std::vector<int64_t> rows_received;  // [R]: rows each source sent this rank
+  int64_t bytes_on_wire = 0;           // sent to peers (not itself) in both exchanges: what NCCL moved out
 };
 
 class EpLayer {
  public:
   // Validates (moekit::Error names the argument), plans the local GEMMs and allocates every
-  // buffer once: forward never allocates. The placement must have comm.ranks() ranks.
+  // buffer once: forward never allocates. The placement must have comm.ranks() ranks; the
+  // communicator must outlive the layer. Collective: every rank constructs its layer together,
+  // and they check over NCCL that all were given the same options and placement (else every
+  // rank throws, naming what differs).
   EpLayer(const Communicator& comm, const Placement& placement, const EpOptions& options);
   ~EpLayer();
   EpLayer(const EpLayer&) = delete;
@@ -95,8 +98,11 @@ class EpLayer {
   // this rank's slots (slot_expert[rank*S + l]; an empty slot's weights are never read), y [T_r, H].
   // token_offset: global index of this rank's first token (the replica rule's t mod n).
   // Every rank must call forward with its own inputs for the same step (NCCL pairs the messages).
-  void forward(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& w13,
-               const Tensor& w2, const Tensor& y, int64_t token_offset, cudaStream_t stream);
+  // Prefill cannot be captured in a CUDA graph (it syncs once for the counts): Error naming
+  // options.mode. An id outside [0, E) skips its assignment (the token's sum lacks it) and
+  // check() reports it, as align does.
+  void forward(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& w13, const Tensor& w2,
+               const Tensor& y, int64_t token_offset, cudaStream_t stream);
 
   // Synchronises the stream; counts of the last forward and its status bits.
   EpStats stats(cudaStream_t stream) const;
@@ -113,6 +119,7 @@ class EpLayer {
 
  private:
   struct Buffers;
+  void agree_with_peers();
   void exchange_counts(cudaStream_t stream);
   void exchange_rows(bool back, cudaStream_t stream);
 
@@ -120,13 +127,14 @@ class EpLayer {
   Placement placement_;
   EpOptions opt_;
   ForwardPlan local_plan_;
-  int64_t capacity_ = 0;      // decode message rows
-  int64_t recv_rows_max_ = 0; // receive buffer rows
+  int64_t capacity_ = 0;       // decode message rows
+  int64_t recv_rows_max_ = 0;  // receive buffer rows
   size_t bytes_ = 0;
   std::unique_ptr<Buffers> buf_;
   // The last forward's message sizes in rows, per peer (prefill: from the counts; decode: fixed).
   std::vector<int64_t> send_rows_, recv_rows_, send_off_, recv_off_;
   int64_t last_tokens_ = -1;
+  int sm_count_ = 0;
 };
 
 }  // namespace moekit::ep

@@ -13,14 +13,13 @@
 
 namespace moekit::kernels::ep {
 
-inline constexpr int32_t kStatusOverflow = 2;  // ws status bit: decode rows beyond capacity
-
 // ---- route: the slot serving each assignment (internal::route_unchecked's rule) -------------
 struct RouteParams {
   const int32_t* topk_ids;         // [A]
   const int32_t* replica_offsets;  // [E+1]
   const int32_t* replica_slots;    // [E + replicas]
   int32_t* slot;                   // [A]: -1 for an id outside [0, E) (align then flags it)
+  int32_t* inv;                    // [A]: -1 where slot is -1 (the assignment is skipped; pack sets the rest)
   int64_t num_assign, token_offset;
   int topk, experts, slots_per_rank, home_rank;
   bool prefer_home;
@@ -46,6 +45,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(RouteParams p) {
         }
   }
   p.slot[a] = s;
+  if (s < 0) p.inv[a] = -1;  // never packed: combine reads it as absent
 }
 
 // Exclusive prefix of counts[0..n) into s_start[0..n], s_start[n] = total (n <= 1024), by the
@@ -82,7 +82,7 @@ struct PackParams {
   int32_t* sent_counts;        // [R*S] decode: rows of each slot that fit; nullptr in prefill
   int32_t* overflow;           // [1] decode: assignments beyond capacity
   int32_t* status;             // [1]
-  int64_t num_assign, hidden, capacity;  // capacity 0: prefill
+  int64_t hidden, capacity;    // capacity 0: prefill
   int topk, slots, slots_per_rank;
 };
 
@@ -104,8 +104,10 @@ __global__ void __launch_bounds__(kPackThreads) pack_kernel(PackParams p) {
     }
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
   const int64_t vecs = p.hidden / 8;
+  // align wrote order[0, valid) only: assignments with an out-of-range id are not in it.
+  const int64_t valid = s_start[p.slots];
   int32_t lost = 0;
-  for (int64_t i = int64_t(blockIdx.x) * (kPackThreads / 32) + warp; i < p.num_assign;
+  for (int64_t i = int64_t(blockIdx.x) * (kPackThreads / 32) + warp; i < valid;
        i += int64_t(gridDim.x) * (kPackThreads / 32)) {
     const int32_t a = p.order[i];
     int64_t row = i;
@@ -115,19 +117,25 @@ __global__ void __launch_bounds__(kPackThreads) pack_kernel(PackParams p) {
       row = pos < p.capacity ? dest * p.capacity + pos : -1;
     }
     if (row < 0) {
-      if (lane == 0) p.inv[a] = -1, ++lost;
+      if (lane == 0) {
+        p.inv[a] = -1;
+        ++lost;
+      }
       continue;
     }
     const uint4* src = reinterpret_cast<const uint4*>(p.x + int64_t(a / p.topk) * p.hidden);
     uint4* dst = reinterpret_cast<uint4*>(p.send_x + row * p.hidden);
     for (int64_t v = lane; v < vecs; v += 32) dst[v] = src[v];
-    if (lane == 0) p.send_w[row] = p.topk_weights[a], p.inv[a] = int32_t(row);
+    if (lane == 0) {
+      p.send_w[row] = p.topk_weights[a];
+      p.inv[a] = int32_t(row);
+    }
   }
   if (lost) atomicAdd(&s_overflow, lost);
   __syncthreads();
   if (threadIdx.x == 0 && s_overflow) {
     atomicAdd(p.overflow, s_overflow);
-    atomicOr(p.status, kStatusOverflow);
+    atomicOr(p.status, kStatusEpOverflow);
   }
 }
 
@@ -137,13 +145,13 @@ __global__ void __launch_bounds__(kPackThreads) pack_kernel(PackParams p) {
 // (expert l, then source, then arrival); each expert padded to block_m with `sentinel` rows, as
 // align writes it (sorted_ids, block_expert, num_rows_padded, expert_counts).
 struct ReceiveParams {
-  const int32_t* counts;     // [R*S]
-  int32_t* sorted_ids;       // [max_rows]
-  int32_t* block_expert;     // [max_blocks]
-  int32_t* num_rows_padded;  // [1]
-  int32_t* expert_counts;    // [S]
+  const int32_t* counts;         // [R*S]
+  int32_t* sorted_ids;           // [max_rows]
+  int32_t* block_expert;         // [max_blocks]
+  int32_t* num_rows_padded;      // [1]
+  int32_t* expert_counts;        // [S]
   int64_t max_blocks, capacity;  // capacity 0: prefill (packed)
-  int32_t sentinel;          // the local plan's T*k: a padding row
+  int32_t sentinel;              // the local plan's T*k: a padding row
   int ranks, slots_per_rank, block_m;
 };
 
@@ -153,8 +161,8 @@ static_assert(kReceiveThreads >= kMaxExperts, "receive_layout_kernel: one thread
 __global__ void __launch_bounds__(kReceiveThreads) receive_layout_kernel(ReceiveParams p) {
   dev::pdl_enter();
   const int R = p.ranks, S = p.slots_per_rank, n = R * S;
-  __shared__ int32_t s_count[kMaxExperts], s_base[kMaxExperts + 1];      // per (s, l)
-  __shared__ int32_t s_padded[kMaxExperts], s_estart[kMaxExperts + 1];   // per l
+  __shared__ int32_t s_count[kMaxExperts], s_base[kMaxExperts + 1];     // per (s, l)
+  __shared__ int32_t s_padded[kMaxExperts], s_estart[kMaxExperts + 1];  // per l
   __shared__ int32_t s_total[kMaxExperts];
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = dev::lane_id();
   for (int i = tid; i < n; i += kReceiveThreads) s_count[i] = p.counts[i];

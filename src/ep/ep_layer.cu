@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "align/align_launch.hpp"
 #include "combine/combine_launch.hpp"
@@ -87,13 +88,17 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   const int64_t R = placement_.ranks, S = placement_.slots_per_rank, k = s.topk;
   if (R != comm.ranks())
     fail(kEntry, "placement", "has " + str(R) + " ranks but the communicator has " + str(comm.ranks()));
+  int device = -1;
+  MK_CUDA_CHECK(cudaGetDevice(&device));
+  if (device != comm.device())
+    fail(kEntry, "comm", "was made on device " + str(comm.device()) + " but the current device is " + str(device));
   if (s.experts != placement_.experts)
     fail(kEntry, "options.shape.experts", "is " + str(s.experts) + " but the placement has " + str(placement_.experts));
   if (s.tokens < 1) fail(kEntry, "options.shape.tokens", "the most tokens per rank must be >= 1, got " + str(s.tokens));
   detail::expect_shape(s, kEntry);
   if (R * S > kMaxExperts)
-    fail(kEntry, "placement", "R*S = " + str(R * S) + " slots; the send order is an align over slots, at most " +
-                                  str(kMaxExperts));
+    fail(kEntry, "placement",
+         "R*S = " + str(R * S) + " slots; the send order is an align over slots, at most " + str(kMaxExperts));
   if (s.hidden % 8 != 0) fail(kEntry, "options.shape.hidden", "must be a multiple of 8, got " + str(s.hidden));
   const int64_t A = s.tokens * k;
   if (opt_.mode == EpMode::decode) {
@@ -106,17 +111,24 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   // Rows a rank may receive: every source's assignments (prefill), or R fixed messages (decode).
   recv_rows_max_ = opt_.mode == EpMode::decode ? R * capacity_ : R * A;
   const int64_t send_rows_max = opt_.mode == EpMode::decode ? R * capacity_ : A;
-  if (recv_rows_max_ > std::numeric_limits<int32_t>::max() / 2)
-    fail(kEntry, "options.shape.tokens", "R*T*k = " + str(recv_rows_max_) + " receive rows do not fit 32-bit row ids");
+  if (recv_rows_max_ > std::numeric_limits<int32_t>::max() / 2) {
+    const bool decode = opt_.mode == EpMode::decode;
+    fail(kEntry, decode ? "options.capacity" : "options.shape.tokens",
+         (decode ? "R*capacity = " : "R*T*k = ") + str(recv_rows_max_) + " receive rows do not fit 32-bit row ids");
+  }
 
   // The local GEMMs: S experts, k = 1 (each received row is one assignment).
   MoeShape local{recv_rows_max_, s.hidden, s.inter, S, 1};
   GemmConfig up = opt_.up, down = opt_.down;
-  if (up.block_m == 0 || down.block_m == 0) {
+  if ((up.block_m == 0) != (down.block_m == 0))
+    fail(kEntry, up.block_m == 0 ? "options.up" : "options.down", "give both tile configs or neither");
+  if (up.block_m == 0) {
     // Configs for the typical load, T*k rows over S experts, as a single GPU with R*T tokens
     // would see per expert; buffers are sized for the worst case below.
-    const ForwardPlan typical = plan_forward(MoeShape{std::max<int64_t>(1, A), s.hidden, s.inter, S, 1}, query_device());
-    up = typical.up, down = typical.down;
+    const MoeShape typical_shape{std::max<int64_t>(1, A), s.hidden, s.inter, S, 1};
+    const ForwardPlan typical = plan_forward(typical_shape, query_device());
+    up = typical.up;
+    down = typical.down;
   }
   local_plan_ = plan_forward_with(local, up, down, 1);
 
@@ -125,7 +137,11 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   const bool grid_align = A > kAlignGridMinAssignments;
   const int64_t H = s.hidden;
   size_t at = 0;
-  auto piece = [&](size_t bytes) { const size_t p = at; at += round_up(bytes); return p; };
+  auto piece = [&](size_t bytes) {
+    const size_t p = at;
+    at += round_up(bytes);
+    return p;
+  };
   const size_t o_roff = piece(4 * (E + 1)), o_rslots = piece(4 * placement_.replica_slots.size());
   const size_t o_slot = piece(4 * A), o_order = piece(4 * A), o_blocks = piece(4 * A), o_rows = piece(4);
   const size_t o_counts = piece(4 * slots), o_status = piece(4);
@@ -133,7 +149,7 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   const size_t o_inv = piece(4 * A), o_sent = piece(4 * slots), o_recvc = piece(4 * slots), o_over = piece(4);
   const size_t o_send_x = piece(2 * send_rows_max * H), o_ret_x = piece(2 * send_rows_max * H);
   const size_t o_send_w = piece(4 * send_rows_max);
-  const size_t o_recv_x = piece(2 * recv_rows_max_ * H), o_recv_w = piece(4 * recv_rows_max_);
+  const size_t o_recv_x = piece(2 * recv_rows_max_ * H);  // weights land in the local ws.topk_weights
   const size_t local_bytes = workspace_bytes(local_plan_);
   const size_t o_local = piece(local_bytes);
   bytes_ = at;
@@ -152,21 +168,77 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   b.ret_x = reinterpret_cast<__nv_bfloat16*>(base + o_ret_x);
   b.send_w = reinterpret_cast<float*>(base + o_send_w);
   b.recv_x = reinterpret_cast<__nv_bfloat16*>(base + o_recv_x);
-  b.recv_w = reinterpret_cast<float*>(base + o_recv_w);
   b.local_ws = base + o_local, b.local_ws_bytes = local_bytes;
   b.ws = carve_workspace(local_plan_, b.local_ws, local_bytes);
+  b.recv_w = b.ws.topk_weights.as<float>();
   MK_CUDA_CHECK(cudaMemset(b.base, 0, bytes_));  // no stale bytes: decode sends whole messages
   MK_CUDA_CHECK(cudaMemcpy(b.replica_offsets, placement_.replica_offsets.data(), 4 * (E + 1), cudaMemcpyHostToDevice));
   MK_CUDA_CHECK(cudaMemcpy(b.replica_slots, placement_.replica_slots.data(), 4 * placement_.replica_slots.size(),
                            cudaMemcpyHostToDevice));
 
-  send_rows_.assign(size_t(R), 0), recv_rows_.assign(size_t(R), 0);
-  send_off_.assign(size_t(R + 1), 0), recv_off_.assign(size_t(R + 1), 0);
+  MK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
+
+  send_rows_.assign(size_t(R), 0);
+  recv_rows_.assign(size_t(R), 0);
+  send_off_.assign(size_t(R + 1), 0);
+  recv_off_.assign(size_t(R + 1), 0);
   if (opt_.mode == EpMode::decode)
     for (int64_t r = 0; r < R; ++r) {
       send_rows_[size_t(r)] = recv_rows_[size_t(r)] = capacity_;
       send_off_[size_t(r + 1)] = recv_off_[size_t(r + 1)] = (r + 1) * capacity_;
     }
+  agree_with_peers();
+  MK_CUDA_CHECK(cudaDeviceSynchronize());  // the memset and table copies are done before any stream uses them
+}
+
+// Every rank must build the same layer: the message sizes and receive buffers follow from these
+// values, and a peer with others would hang NCCL or overrun a buffer. Each rank sends its
+// descriptor to every rank and compares what it gets; all ranks see a mismatch and throw.
+void EpLayer::agree_with_peers() {
+  const int R = comm_.ranks();
+  auto fnv = [](uint64_t& h, int64_t v) { h = (h ^ uint64_t(v)) * 1099511628211ull; };  // FNV-1a step
+  uint64_t table_hash = 1469598103934665603ull, config_hash = 1469598103934665603ull;
+  for (int32_t v : placement_.slot_expert) fnv(table_hash, v);
+  for (int32_t v : placement_.replica_slots) fnv(table_hash, v);
+  fnv(table_hash, int64_t(placement_.rule));
+  for (char ch : local_plan_.up.str() + "/" + local_plan_.down.str()) fnv(config_hash, ch);
+  const MoeShape& s = opt_.shape;
+  constexpr int kFields = 9;
+  static const char* kNames[kFields] = {"mode",          "capacity",   "shape.tokens", "shape.hidden", "shape.inter",
+                                        "shape.experts", "shape.topk", "tile configs", "placement"};
+  const int64_t mine[kFields] = {
+      int64_t(opt_.mode),   capacity_,          s.tokens, s.hidden, s.inter, s.experts, s.topk,
+      int64_t(config_hash), int64_t(table_hash)};
+  int64_t* d = nullptr;
+  MK_CUDA_CHECK(cudaMalloc(&d, sizeof(int64_t) * kFields * (R + 1)));
+  std::vector<int64_t> theirs(size_t(kFields * R));
+  cudaStream_t stream = nullptr;
+  try {
+    MK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    MK_CUDA_CHECK(cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice));
+    const nccl::Api& n = nccl::api();
+    const nccl::Comm c = as_comm(comm_.nccl_comm());
+    nccl::check(n.GroupStart(), "ncclGroupStart");
+    for (int peer = 0; peer < R; ++peer) {
+      nccl::check(n.Send(d, sizeof mine, nccl::kUint8, peer, c, stream), "ncclSend");
+      nccl::check(n.Recv(d + kFields * (peer + 1), sizeof mine, nccl::kUint8, peer, c, stream), "ncclRecv");
+    }
+    nccl::check(n.GroupEnd(), "ncclGroupEnd");
+    MK_CUDA_CHECK(cudaMemcpyAsync(theirs.data(), d + kFields, theirs.size() * 8, cudaMemcpyDeviceToHost, stream));
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } catch (...) {
+    if (stream) cudaStreamDestroy(stream);
+    cudaFree(d);
+    throw;
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(d);
+  for (int peer = 0; peer < R; ++peer)
+    for (int f = 0; f < kFields; ++f)
+      if (theirs[size_t(peer * kFields + f)] != mine[f])
+        fail("EpLayer", f == kFields - 1 ? "placement" : "options",
+             std::string(kNames[f]) + " differs between rank " + str(comm_.rank()) + " and rank " + str(peer) +
+                 ": every rank must build the same layer");
 }
 
 EpLayer::~EpLayer() = default;
@@ -180,9 +252,11 @@ void EpLayer::exchange_counts(cudaStream_t stream) {
   const int32_t* counts = opt_.mode == EpMode::decode ? buf_->sent_counts : buf_->slot_counts;
   nccl::check(n.GroupStart(), "ncclGroupStart");
   for (int peer = 0; peer < R; ++peer) {
-    nccl::check(n.Send(counts + peer * S, size_t(S) * 4, nccl::kUint8, peer, as_comm(comm_.nccl_comm()), stream), "ncclSend");
-    nccl::check(n.Recv(buf_->recv_counts + peer * S, size_t(S) * 4, nccl::kUint8, peer, as_comm(comm_.nccl_comm()), stream),
-                "ncclRecv");
+    nccl::check(n.Send(counts + peer * S, size_t(S) * 4, nccl::kUint8, peer, as_comm(comm_.nccl_comm()), stream),
+                "ncclSend");
+    nccl::check(
+        n.Recv(buf_->recv_counts + peer * S, size_t(S) * 4, nccl::kUint8, peer, as_comm(comm_.nccl_comm()), stream),
+        "ncclRecv");
   }
   nccl::check(n.GroupEnd(), "ncclGroupEnd");
 }
@@ -201,16 +275,21 @@ void EpLayer::exchange_rows(bool back, cudaStream_t stream) {
     const size_t ro = size_t(recv_off_[size_t(peer)]), rn = size_t(recv_rows_[size_t(peer)]);
     if (!back) {
       if (sn) {
-        nccl::check(n.Send(reinterpret_cast<const char*>(buf_->send_x) + so * row, sn * row, nccl::kUint8, peer, c, stream), "ncclSend");
+        nccl::check(
+            n.Send(reinterpret_cast<const char*>(buf_->send_x) + so * row, sn * row, nccl::kUint8, peer, c, stream),
+            "ncclSend");
         nccl::check(n.Send(buf_->send_w + so, sn * 4, nccl::kUint8, peer, c, stream), "ncclSend");
       }
       if (rn) {
-        nccl::check(n.Recv(reinterpret_cast<char*>(buf_->recv_x) + ro * row, rn * row, nccl::kUint8, peer, c, stream), "ncclRecv");
+        nccl::check(n.Recv(reinterpret_cast<char*>(buf_->recv_x) + ro * row, rn * row, nccl::kUint8, peer, c, stream),
+                    "ncclRecv");
         nccl::check(n.Recv(buf_->recv_w + ro, rn * 4, nccl::kUint8, peer, c, stream), "ncclRecv");
       }
     } else {
       if (rn) nccl::check(n.Send(y_rows + ro * row, rn * row, nccl::kUint8, peer, c, stream), "ncclSend");
-      if (sn) nccl::check(n.Recv(reinterpret_cast<char*>(buf_->ret_x) + so * row, sn * row, nccl::kUint8, peer, c, stream), "ncclRecv");
+      if (sn)
+        nccl::check(n.Recv(reinterpret_cast<char*>(buf_->ret_x) + so * row, sn * row, nccl::kUint8, peer, c, stream),
+                    "ncclRecv");
     }
   }
   nccl::check(n.GroupEnd(), "ncclGroupEnd");
@@ -230,8 +309,9 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
   const int64_t R = placement_.ranks, S = placement_.slots_per_rank, k = s.topk, H = s.hidden, F = s.inter;
   const int64_t T = x.rank == 2 ? x.dim(0) : -1;
   if (T < 0 || T > s.tokens)
-    fail(kEntry, "x", "expected [T, " + str(H) + "] bf16 with T <= options.shape.tokens = " + str(s.tokens) + ", got " +
-                          x.shape_str());
+    fail(kEntry, "x",
+         "expected [T, " + str(H) + "] bf16 with T <= options.shape.tokens = " + str(s.tokens) + ", got " +
+             x.shape_str());
   detail::expect_tensor(kEntry, "x", x, DType::bf16, {T, H});
   detail::expect_tensor(kEntry, "topk_ids", topk_ids, DType::i32, {T, k});
   detail::expect_tensor(kEntry, "topk_weights", topk_weights, DType::f32, {T, k});
@@ -242,7 +322,12 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
   int device = -1;
   MK_CUDA_CHECK(cudaGetDevice(&device));
   if (device != comm_.device())
-    fail(kEntry, "stream", "current device is " + str(device) + " but the communicator's is " + str(comm_.device()));
+    fail(kEntry, "comm", "was made on device " + str(comm_.device()) + " but the current device is " + str(device));
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  MK_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (opt_.mode == EpMode::prefill && capturing != cudaStreamCaptureStatusNone)
+    fail(kEntry, "options.mode",
+         "prefill syncs once for the counts and cannot be captured in a CUDA graph; use decode");
 
   Buffers& b = *buf_;
   const bool decode = opt_.mode == EpMode::decode;
@@ -250,32 +335,64 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
   nvtxRangePushA("moekit.ep.forward");
 
   // route: the slot of every assignment.
-  kernels::ep::RouteParams rp{topk_ids.as<const int32_t>(), b.replica_offsets, b.replica_slots, b.slot, A,
-                              token_offset, int(k), int(s.experts), int(S), comm_.rank(),
+  kernels::ep::RouteParams rp{topk_ids.as<const int32_t>(),
+                              b.replica_offsets,
+                              b.replica_slots,
+                              b.slot,
+                              b.inv,
+                              A,
+                              token_offset,
+                              int(k),
+                              int(s.experts),
+                              int(S),
+                              comm_.rank(),
                               placement_.rule == ReplicaRule::prefer_home};
-  detail::launch_pdl("ep.route_kernel", kernels::ep::route_kernel,
-                     dim3(unsigned(std::max<int64_t>(1, (A + kernels::ep::kRouteThreads - 1) / kernels::ep::kRouteThreads))),
+  const int64_t route_ctas = std::max<int64_t>(1, (A + kernels::ep::kRouteThreads - 1) / kernels::ep::kRouteThreads);
+  detail::launch_pdl("ep.route_kernel", kernels::ep::route_kernel, dim3(unsigned(route_ctas)),
                      dim3(kernels::ep::kRouteThreads), 0, stream, rp);
   // order: align over the R*S slots, block_m = 1 (plan_dispatch's stable counting sort).
   kernels::align::Params ap{};
-  ap.topk_ids = b.slot, ap.sorted_ids = b.order, ap.block_expert = b.order_blocks, ap.num_rows_padded = b.order_rows;
-  ap.expert_counts = b.slot_counts, ap.status = b.status, ap.cta_counts = b.align_scratch;
-  ap.num_assign = A, ap.max_blocks = s.tokens * k, ap.experts = int(R * S), ap.block_m = 1;
+  ap.topk_ids = b.slot;
+  ap.sorted_ids = b.order;
+  ap.block_expert = b.order_blocks;
+  ap.num_rows_padded = b.order_rows;
+  ap.expert_counts = b.slot_counts;
+  ap.status = b.status;
+  ap.cta_counts = b.align_scratch;
+  ap.num_assign = A;
+  ap.max_blocks = s.tokens * k;
+  ap.experts = int(R * S);
+  ap.block_m = 1;
   detail::launch_align(ap, stream);
   // pack
   if (decode) MK_CUDA_CHECK(cudaMemsetAsync(b.overflow, 0, 4, stream));
-  kernels::ep::PackParams pp{x.as<const __nv_bfloat16>(), topk_weights.as<const float>(), b.slot, b.order, b.slot_counts,
-                             b.send_x, b.send_w, b.inv, decode ? b.sent_counts : nullptr, b.overflow, b.status,
-                             A, H, decode ? capacity_ : 0, int(k), int(R * S), int(S)};
-  const int64_t pack_ctas = std::clamp<int64_t>((A + 7) / 8, 1, 4 * 132);
-  detail::launch_pdl("ep.pack_kernel", kernels::ep::pack_kernel, dim3(unsigned(pack_ctas)), dim3(kernels::ep::kPackThreads),
-                     0, stream, pp);
+  kernels::ep::PackParams pp{x.as<const __nv_bfloat16>(),
+                             topk_weights.as<const float>(),
+                             b.slot,
+                             b.order,
+                             b.slot_counts,
+                             b.send_x,
+                             b.send_w,
+                             b.inv,
+                             decode ? b.sent_counts : nullptr,
+                             b.overflow,
+                             b.status,
+                             H,
+                             decode ? capacity_ : 0,
+                             int(k),
+                             int(R * S),
+                             int(S)};
+  // A warp per row, up to 4 CTAs per SM.
+  const int64_t pack_ctas = std::clamp<int64_t>((A + 7) / 8, 1, 4 * sm_count_);
+  detail::launch_pdl("ep.pack_kernel", kernels::ep::pack_kernel, dim3(unsigned(pack_ctas)),
+                     dim3(kernels::ep::kPackThreads), 0, stream, pp);
 
   // exchange: counts (prefill: then sizes on the host), rows and weights.
   exchange_counts(stream);
   if (!decode) {
     MK_CUDA_CHECK(cudaMemcpyAsync(b.h_counts, b.slot_counts, size_t(R * S) * 4, cudaMemcpyDeviceToHost, stream));
-    MK_CUDA_CHECK(cudaMemcpyAsync(b.h_counts + R * S, b.recv_counts, size_t(R * S) * 4, cudaMemcpyDeviceToHost, stream));
+    MK_CUDA_CHECK(
+        cudaMemcpyAsync(b.h_counts + R * S, b.recv_counts, size_t(R * S) * 4, cudaMemcpyDeviceToHost, stream));
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (int64_t r = 0; r < R; ++r) {
       int64_t sn = 0, rn = 0;
@@ -285,15 +402,23 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
     }
     // Cannot happen with consistent ranks (each sends at most its T*k rows); a guard, not a check.
     if (recv_off_[size_t(R)] > recv_rows_max_ || send_off_[size_t(R)] > A)
-      fail(kEntry, "topk_ids", "the ranks disagree on the step: " + str(recv_off_[size_t(R)]) + " rows arrive, room for " +
-                                   str(recv_rows_max_) + " (every rank must call forward with the same options)");
+      fail(kEntry, "topk_ids",
+           "the ranks disagree on the step: " + str(recv_off_[size_t(R)]) + " rows arrive, room for " +
+               str(recv_rows_max_) + " (every rank must call forward with the same options)");
   }
   exchange_rows(false, stream);
 
   // experts: the local block table from the counts, then moekit's GEMMs on the received rows.
-  kernels::ep::ReceiveParams rv{b.recv_counts, b.ws.sorted_ids.as<int32_t>(), b.ws.block_expert.as<int32_t>(),
-                                b.ws.num_rows_padded.as<int32_t>(), b.ws.expert_counts.as<int32_t>(),
-                                local_plan_.max_blocks, decode ? capacity_ : 0, int32_t(recv_rows_max_), int(R), int(S),
+  kernels::ep::ReceiveParams rv{b.recv_counts,
+                                b.ws.sorted_ids.as<int32_t>(),
+                                b.ws.block_expert.as<int32_t>(),
+                                b.ws.num_rows_padded.as<int32_t>(),
+                                b.ws.expert_counts.as<int32_t>(),
+                                local_plan_.max_blocks,
+                                decode ? capacity_ : 0,
+                                int32_t(recv_rows_max_),
+                                int(R),
+                                int(S),
                                 local_plan_.block_m};
   detail::launch_pdl("ep.receive_layout_kernel", kernels::ep::receive_layout_kernel, dim3(1),
                      dim3(kernels::ep::kReceiveThreads), 0, stream, rv);
@@ -327,7 +452,8 @@ EpStats EpLayer::stats(cudaStream_t stream) const {
   st.ids_out_of_range = (status & kStatusExpertIdOutOfRange) != 0;
   st.rows_sent.assign(size_t(R), 0), st.rows_received.assign(size_t(R), 0);
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t l = 0; l < S; ++l) st.rows_sent[size_t(r)] += sent[size_t(r * S + l)], st.rows_received[size_t(r)] += recv[size_t(r * S + l)];
+    for (int64_t l = 0; l < S; ++l)
+      st.rows_sent[size_t(r)] += sent[size_t(r * S + l)], st.rows_received[size_t(r)] += recv[size_t(r * S + l)];
   const int64_t row = opt_.shape.hidden * 2, me = comm_.rank();
   for (int64_t r = 0; r < R; ++r) {
     if (r == me) continue;
@@ -341,7 +467,8 @@ EpStats EpLayer::stats(cudaStream_t stream) const {
 void EpLayer::check(cudaStream_t stream) const {
   const EpStats st = stats(stream);
   if (st.ids_out_of_range)
-    fail("EpLayer::forward", "topk_ids", "an expert id is outside [0, " + str(opt_.shape.experts) + "); those assignments were skipped");
+    fail("EpLayer::forward", "topk_ids",
+         "an expert id is outside [0, " + str(opt_.shape.experts) + "); those assignments were skipped");
   if (st.overflow > 0)
     fail("EpLayer::forward", "options.capacity",
          str(st.overflow) + " assignments did not fit the decode capacity of " + str(capacity_) +

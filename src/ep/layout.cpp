@@ -1,7 +1,7 @@
 // layout.cpp — where every row of an expert-parallel step goes: the send order of one source
 // rank (plan_dispatch), the grouping of a receiver's rows by local expert (plan_receive), and
-// decode's fixed-capacity buffers (decode_geometry, plan_decode_dispatch). Host code; the device
-// versions of the future NCCL path are checked against these bitwise.
+// decode's fixed-capacity buffers (decode_geometry, plan_decode_dispatch). Host code: the oracle of the
+// NCCL path's kernels (src/ep/ep_kernels.cuh).
 #include <algorithm>
 #include <limits>
 #include <string>

@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "moekit/tensor.hpp"
+
+extern char** environ;
 
 namespace moekit::ep {
 namespace {
@@ -24,7 +27,8 @@ std::string to_hex(const NcclId& id) {
 
 NcclId from_hex(const std::string& s) {
   NcclId id{};
-  if (s.size() != 2 * sizeof id.bytes) throw Error("MOEKIT_EP_NCCL_ID: expected 256 hex digits, got " + std::to_string(s.size()));
+  if (s.size() != 2 * sizeof id.bytes)
+    throw Error("MOEKIT_EP_NCCL_ID: expected 256 hex digits, got " + std::to_string(s.size()));
   auto nibble = [&](char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -37,7 +41,8 @@ NcclId from_hex(const std::string& s) {
 int to_int(const char* name, const char* v) {
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
-  if (end == v || *end != '\0' || x < 0 || x > 4096) throw Error(std::string(name) + ": not a rank number: '" + v + "'");
+  if (end == v || *end != '\0' || x < 0 || x > 4096)
+    throw Error(std::string(name) + ": not a rank number: '" + v + "'");
   return int(x);
 }
 
@@ -48,7 +53,8 @@ std::optional<RankEnv> rank_from_env() {
   if (rank == nullptr) return std::nullopt;
   const char* ranks = std::getenv("MOEKIT_EP_RANKS");
   const char* id = std::getenv("MOEKIT_EP_NCCL_ID");
-  if (ranks == nullptr || id == nullptr) throw Error("MOEKIT_EP_RANK is set but MOEKIT_EP_RANKS or MOEKIT_EP_NCCL_ID is not");
+  if (ranks == nullptr || id == nullptr)
+    throw Error("MOEKIT_EP_RANK is set but MOEKIT_EP_RANKS or MOEKIT_EP_NCCL_ID is not");
   RankEnv e;
   e.rank = to_int("MOEKIT_EP_RANK", rank), e.ranks = to_int("MOEKIT_EP_RANKS", ranks);
   if (e.ranks < 1 || e.rank >= e.ranks) throw Error("MOEKIT_EP_RANK must be below MOEKIT_EP_RANKS");
@@ -63,20 +69,40 @@ std::vector<int> spawn_ranks(int ranks, const std::vector<std::string>& args) {
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) throw Error(std::string("spawn_ranks: readlink(/proc/self/exe): ") + std::strerror(errno));
   exe[n] = '\0';
+  // Everything the child needs is built here: between fork and exec a child of a threaded parent
+  // (NCCL's bootstrap thread) may only call async-signal-safe functions, so no allocation there.
+  std::vector<std::vector<std::string>> envs(static_cast<size_t>(ranks));
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::strncmp(*e, "MOEKIT_EP_", 10) != 0)
+      for (auto& env : envs) env.emplace_back(*e);
+  for (int r = 0; r < ranks; ++r) {
+    envs[size_t(r)].push_back("MOEKIT_EP_RANK=" + std::to_string(r));
+    envs[size_t(r)].push_back("MOEKIT_EP_RANKS=" + std::to_string(ranks));
+    envs[size_t(r)].push_back("MOEKIT_EP_NCCL_ID=" + id);
+  }
+  std::vector<std::vector<char*>> envps(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    for (std::string& e : envs[size_t(r)]) envps[size_t(r)].push_back(e.data());
+    envps[size_t(r)].push_back(nullptr);
+  }
+  std::vector<std::string> arg_copy(args);
+  std::vector<char*> argv{exe};
+  for (std::string& a : arg_copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
   std::vector<pid_t> pids;
   for (int r = 0; r < ranks; ++r) {
     const pid_t pid = fork();
-    if (pid < 0) throw Error(std::string("spawn_ranks: fork: ") + std::strerror(errno));
+    if (pid < 0) {
+      const std::string why = std::strerror(errno);
+      for (pid_t started : pids) kill(started, SIGKILL);  // they would wait for the missing rank forever
+      for (pid_t started : pids) waitpid(started, nullptr, 0);
+      throw Error("spawn_ranks: fork: " + why);
+    }
     if (pid == 0) {
-      setenv("MOEKIT_EP_RANK", std::to_string(r).c_str(), 1);
-      setenv("MOEKIT_EP_RANKS", std::to_string(ranks).c_str(), 1);
-      setenv("MOEKIT_EP_NCCL_ID", id.c_str(), 1);
-      std::vector<char*> argv;
-      argv.push_back(exe);
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(exe, argv.data());
-      std::fprintf(stderr, "moekit: execv(%s) failed: %s\n", exe, std::strerror(errno));
+      execve(exe, argv.data(), envps[size_t(r)].data());
+      static const char msg[] = "moekit: spawn_ranks: execve failed\n";
+      (void)!write(2, msg, sizeof msg - 1);
       _exit(127);
     }
     pids.push_back(pid);

@@ -52,10 +52,31 @@ void nccl_all_to_all(const ep::Communicator& comm, const void* send, void* recv,
   const auto c = static_cast<ep::nccl::Comm>(comm.nccl_comm());
   ep::nccl::check(n.GroupStart(), "ncclGroupStart");
   for (int peer = 0; peer < comm.ranks(); ++peer) {
-    ep::nccl::check(n.Send(static_cast<const char*>(send) + peer * bytes, bytes, ep::nccl::kUint8, peer, c, stream), "ncclSend");
-    ep::nccl::check(n.Recv(static_cast<char*>(recv) + peer * bytes, bytes, ep::nccl::kUint8, peer, c, stream), "ncclRecv");
+    ep::nccl::check(n.Send(static_cast<const char*>(send) + peer * bytes, bytes, ep::nccl::kUint8, peer, c, stream),
+                    "ncclSend");
+    ep::nccl::check(n.Recv(static_cast<char*>(recv) + peer * bytes, bytes, ep::nccl::kUint8, peer, c, stream),
+                    "ncclRecv");
   }
   ep::nccl::check(n.GroupEnd(), "ncclGroupEnd");
+}
+
+// The largest of every rank's `value` (a size all ranks must agree on before a paired exchange).
+int64_t max_over_ranks(const ep::Communicator& comm, int64_t value, cudaStream_t stream) {
+  const int R = comm.ranks();
+  const DeviceBuffer d(8 * (R + 1));
+  std::vector<int64_t> all(static_cast<size_t>(R));
+  MK_CUDA_CHECK(cudaMemcpyAsync(d.get(), &value, 8, cudaMemcpyHostToDevice, stream));
+  const ep::nccl::Api& n = ep::nccl::api();
+  const auto c = static_cast<ep::nccl::Comm>(comm.nccl_comm());
+  ep::nccl::check(n.GroupStart(), "ncclGroupStart");
+  for (int peer = 0; peer < R; ++peer) {
+    ep::nccl::check(n.Send(d.get(), 8, ep::nccl::kUint8, peer, c, stream), "ncclSend");
+    ep::nccl::check(n.Recv(d.as<int64_t>() + 1 + peer, 8, ep::nccl::kUint8, peer, c, stream), "ncclRecv");
+  }
+  ep::nccl::check(n.GroupEnd(), "ncclGroupEnd");
+  MK_CUDA_CHECK(cudaMemcpyAsync(all.data(), d.as<int64_t>() + 1, 8 * size_t(R), cudaMemcpyDeviceToHost, stream));
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return *std::max_element(all.begin(), all.end());
 }
 
 int run_rank(const BenchArgs& args, const ep::RankEnv& env, const std::string& command) {
@@ -90,8 +111,8 @@ int run_rank(const BenchArgs& args, const ep::RankEnv& env, const std::string& c
   if (lead) {
     std::printf("moekit bench --ep %d: %s, %d ranks x %lld slots, NCCL %s\n", R, spec.str().c_str(), R, (long long)S,
                 ep::nccl_version().c_str());
-    std::printf("%8s %-8s %10s %10s %10s %10s %10s %9s %8s %s\n", "T/rank", "mode", "step_ms", "a2a_ms", "nccl_ms", "MB/rank",
-                "a2a_GB/s", "nccl_GB/s", "%nccl", "check");
+    std::printf("%8s %-8s %10s %10s %10s %10s %10s %9s %8s %s\n", "T/rank", "mode", "step_ms", "a2a_ms", "nccl_ms",
+                "MB/rank", "a2a_GB/s", "nccl_GB/s", "%nccl", "check");
   }
   std::vector<EpRow> rows;
   bool all_ok = true;
@@ -101,7 +122,8 @@ int run_rank(const BenchArgs& args, const ep::RankEnv& env, const std::string& c
     const DeviceBuffer x_all = random_activations(R * T, H, args.seed, kStreamX, s);
     const Tensor x(x_all.as<char>() + rank * T * H * 2, DType::bf16, {T, H});
     const DeviceBuffer ids(T * k * 4), wts(T * k * 4), logits(T * E * 4), y(T * H * 2), y_ref(T * H * 2);
-    const Tensor idt(ids.get(), DType::i32, {T, k}), wtt(wts.get(), DType::f32, {T, k}), yt(y.get(), DType::bf16, {T, H});
+    const Tensor idt(ids.get(), DType::i32, {T, k}), wtt(wts.get(), DType::f32, {T, k}),
+        yt(y.get(), DType::bf16, {T, H});
     const MoeInputs in = layer.inputs(0, x);
     auto route_step = [&] {
       route(x, in.w_gate, Tensor(), in.score_bias, spec.router, idt, wtt, s, Tensor(logits.get(), DType::f32, {T, E}));
@@ -119,7 +141,8 @@ int run_rank(const BenchArgs& args, const ep::RankEnv& env, const std::string& c
     // check: bitwise against this GPU's experts_forward of the same tokens with every expert.
     step();
     const ep::EpStats st = ep_layer.stats(s);
-    const ForwardPlan ref = plan_forward_with(MoeShape{T, H, F, E, k}, ep_layer.local_plan().up, ep_layer.local_plan().down, 1);
+    const ForwardPlan ref =
+        plan_forward_with(MoeShape{T, H, F, E, k}, ep_layer.local_plan().up, ep_layer.local_plan().down, 1);
     const DeviceBuffer ref_ws(int64_t(workspace_bytes(ref)));
     experts_forward(ref, x, in.w13, in.w2, idt, wtt, Tensor(y_ref.get(), DType::bf16, {T, H}), ref_ws.get(),
                     size_t(ref_ws.bytes()), s);
@@ -146,7 +169,9 @@ int run_rank(const BenchArgs& args, const ep::RankEnv& env, const std::string& c
       row.exchange_ms = time_median_ms(s, args.warmup, args.steps, [&](int) { ep_layer.exchange_only(s); });
     }
     // NCCL's all-to-all with the step's bytes to peers: per direction, bytes/(2*(R-1)) to each.
-    const size_t per_peer = R > 1 ? size_t(row.bytes_on_wire / (2 * (R - 1))) / 16 * 16 : 0;
+    // Every rank must post the same sizes: the largest rank's bytes (prefill's differ a little).
+    const int64_t bytes = max_over_ranks(comm, row.bytes_on_wire, s);
+    const size_t per_peer = R > 1 ? size_t(bytes / (2 * (R - 1))) / 16 * 16 : 0;
     if (per_peer > 0) {
       const DeviceBuffer sb(int64_t(per_peer) * R), rb(int64_t(per_peer) * R);
       row.nccl_ms = time_median_ms(s, args.warmup, args.steps, [&](int) {
@@ -171,17 +196,24 @@ int run_rank(const BenchArgs& args, const ep::RankEnv& env, const std::string& c
     j["ranks"] = R;
     j["layer"] = spec.str();
     j["slots_per_rank"] = S;
-    j["note"] = "tokens_per_rank: each rank's slice of one R*T batch. step: route + EpLayer::forward (decode: CUDA graph "
-                "replay). exchange: the step's dispatch + return exchanges alone. nccl: NCCL all-to-all (grouped "
-                "send/recv, equal sizes) moving the same bytes to peers, twice. bytes: rank 0 to its peers, both "
-                "directions. bitwise: EP output == experts_forward on one GPU with the same configs.";
+    j["note"] =
+        "tokens_per_rank: each rank's slice of one R*T batch. step: route + EpLayer::forward (decode: CUDA graph "
+        "replay). exchange: the step's dispatch + return exchanges alone. nccl: NCCL all-to-all (grouped "
+        "send/recv, equal sizes) moving the same bytes to peers, twice. bytes: rank 0 to its peers, both "
+        "directions. bitwise: EP output == experts_forward on one GPU with the same configs.";
     for (const EpRow& r : rows)
-      j["rows"].push_back({{"tokens_per_rank", r.tokens_per_rank}, {"mode", r.mode}, {"config", r.config},
-                           {"step_ms", r.step_ms}, {"exchange_ms", r.exchange_ms}, {"nccl_alltoall_ms", r.nccl_ms},
-                           {"bytes_to_peers", r.bytes_on_wire}, {"exchange_GBps", r.a2a_GBps()},
+      j["rows"].push_back({{"tokens_per_rank", r.tokens_per_rank},
+                           {"mode", r.mode},
+                           {"config", r.config},
+                           {"step_ms", r.step_ms},
+                           {"exchange_ms", r.exchange_ms},
+                           {"nccl_alltoall_ms", r.nccl_ms},
+                           {"bytes_to_peers", r.bytes_on_wire},
+                           {"exchange_GBps", r.a2a_GBps()},
                            {"nccl_alltoall_GBps", r.nccl_GBps()},
                            {"fraction_of_nccl", r.nccl_ms > 0 ? r.nccl_ms / r.exchange_ms : 0.0},
-                           {"overflow", r.overflow}, {"bitwise_equal_single_gpu", r.bitwise}});
+                           {"overflow", r.overflow},
+                           {"bitwise_equal_single_gpu", r.bitwise}});
     std::ofstream(args.json) << j.dump(2) << "\n";
     std::printf("wrote %zu rows to %s\n", rows.size(), args.json.c_str());
   }
@@ -195,7 +227,8 @@ int run_bench_ep(const BenchArgs& args, const std::string& command, int argc, ch
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess) cudaGetLastError(), gpus = 0;
   if (args.ep > gpus) {
-    std::fprintf(stderr, "moekit bench --ep %d needs %d GPUs (one per rank); this machine has %d.\n", args.ep, args.ep, gpus);
+    std::fprintf(stderr, "moekit bench --ep %d needs %d GPUs (one per rank); this machine has %d.\n", args.ep, args.ep,
+                 gpus);
     return kExitNoGpu;
   }
   if (!require_hopper("bench --ep", "", "Run it on a machine with several Hopper GPUs.")) return kExitNoGpu;
