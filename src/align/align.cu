@@ -47,6 +47,7 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
 namespace detail {
 
 // T = 0 still launches: the GEMMs read num_rows_padded = 0 and block_expert = -1 from it.
+// Three kernels by size: one warp (decode, up to kWarpMaxAssignments), one CTA, a cooperative grid.
 void launch_align(kernels::align::Params p, cudaStream_t stream) {
   const bool grid = p.num_assign > kAlignGridMinAssignments;
   // Raise the dynamic shared-memory limit once per device, for the largest E (not per call).
@@ -56,7 +57,9 @@ void launch_align(kernels::align::Params p, cudaStream_t stream) {
                                        int(kernels::align::smem_bytes(int(kMaxExperts)))));
     return true;
   });
-  if (!grid) {
+  if (p.num_assign <= kernels::align::kWarpMaxAssignments) {
+    detail::launch_pdl("align_warp_kernel", kernels::align::align_warp_kernel, dim3(1), dim3(32), 0, stream, p);
+  } else if (!grid) {
     const size_t smem = kernels::align::smem_bytes(p.experts);
     detail::launch_pdl("align_kernel", kernels::align::align_kernel, dim3(1), dim3(kernels::align::kThreads), smem, stream, p);
   } else {

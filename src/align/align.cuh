@@ -148,6 +148,76 @@ __device__ __forceinline__ void scan_padded_starts(int32_t total, int block_m, i
   if (tid == E - 1) s_start[E] = warp_offset + incl;
 }
 
+// ---- Decode: one warp ---------------------------------------------------------------------------
+// Up to kWarpMaxAssignments (8 rounds of 32; decode's T*k) the CTA kernel's cost is its chain of
+// block-wide barriers and its 1024-thread launch, not its work: ncu measured 5.0 us for 2
+// assignments (E = 8) and 7.7 us for 8 (E = 256). One warp does the same passes with __syncwarp
+// only: the ids of every round are loaded together, each keeps its slot (running count before the
+// round + rank among its peers) in registers, the padded totals are scanned with each lane owning
+// a contiguous run of ceil(E/32) experts, and the fills and the scatter follow. Same order (rounds
+// ascending, lanes ascending): bitwise the CTA kernel's output.
+constexpr int kWarpRounds = 8;
+constexpr int kWarpMaxAssignments = 32 * kWarpRounds;
+
+__global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
+  dev::pdl_enter();
+  __shared__ int32_t s_count[kMaxExperts];      // running counts, then the totals
+  __shared__ int32_t s_start[kMaxExperts + 1];  // padded starts
+  const int lane = dev::lane_id(), E = p.experts;
+  const int n = int(p.num_assign);
+  for (int e = lane; e < E; e += 32) s_count[e] = 0;
+  int e_of[kWarpRounds], slot[kWarpRounds];
+  bool out_of_range = false;
+#pragma unroll
+  for (int i = 0; i < kWarpRounds; ++i) {
+    const int a = i * 32 + lane;
+    e_of[i] = a < n ? __ldg(p.topk_ids + a) : -1;
+    if (a < n && (e_of[i] < 0 || e_of[i] >= E)) {
+      out_of_range = true;
+      e_of[i] = -1;
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kWarpRounds; ++i) {
+    if (i * 32 >= n) break;  // warp-uniform
+    const unsigned peers = __match_any_sync(dev::kFullMask, e_of[i]);
+    const bool leader = lane == __ffs(peers) - 1;
+    slot[i] = e_of[i] >= 0 ? s_count[e_of[i]] + __popc(peers & ((1u << lane) - 1u)) : 0;
+    __syncwarp();
+    if (e_of[i] >= 0 && leader) s_count[e_of[i]] += __popc(peers);
+    __syncwarp();
+  }
+  // Scan: lane L owns experts [L*per, L*per + per).
+  const int per = (E + 31) / 32, first = min(E, lane * per), last = min(E, first + per);
+  int32_t mine = 0;
+  for (int e = first; e < last; ++e) mine += (s_count[e] + p.block_m - 1) / p.block_m * p.block_m;
+  int32_t incl = mine;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int32_t v = __shfl_up_sync(dev::kFullMask, incl, off);
+    if (lane >= off) incl += v;
+  }
+  int32_t at = incl - mine;
+  for (int e = first; e < last; ++e) {
+    const int32_t total = s_count[e], end = at + (total + p.block_m - 1) / p.block_m * p.block_m;
+    s_start[e] = at;
+    p.expert_counts[e] = total;
+    for (int32_t r = at + total; r < end; ++r) p.sorted_ids[r] = n;  // padding: fewer than block_m
+    for (int32_t b = at / p.block_m; b < end / p.block_m; ++b) p.block_expert[b] = e;
+    at = end;
+  }
+  const int32_t used = __shfl_sync(dev::kFullMask, incl, 31);
+  if (lane == 31) *p.num_rows_padded = used;
+  const bool any_out_of_range = __any_sync(dev::kFullMask, out_of_range);
+  if (lane == 0) *p.status = any_out_of_range ? kStatusExpertIdOutOfRange : 0;
+  for (int64_t b = used / p.block_m + lane; b < p.max_blocks; b += 32) p.block_expert[b] = -1;
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < kWarpRounds; ++i)
+    if (e_of[i] >= 0) p.sorted_ids[s_start[e_of[i]] + slot[i]] = i * 32 + lane;
+}
+
 __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   dev::pdl_enter();
   extern __shared__ int32_t smem[];
