@@ -1,0 +1,94 @@
+// ep_runtime_test.cpp — the host plumbing of the NCCL path that runs without a GPU: a rank's
+// environment (spawn_ranks' children) and the message when NCCL cannot be loaded.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "ep/spawn.hpp"
+#include "moekit/ep_nccl.hpp"
+
+namespace moekit::testing {
+namespace {
+
+// Sets the three variables for one test and removes them after.
+struct RankVars {
+  RankVars(const char* rank, const char* ranks, const char* id) {
+    set("MOEKIT_EP_RANK", rank);
+    set("MOEKIT_EP_RANKS", ranks);
+    set("MOEKIT_EP_NCCL_ID", id);
+  }
+  ~RankVars() {
+    unsetenv("MOEKIT_EP_RANK");
+    unsetenv("MOEKIT_EP_RANKS");
+    unsetenv("MOEKIT_EP_NCCL_ID");
+  }
+  static void set(const char* name, const char* v) {
+    if (v) setenv(name, v, 1);
+    else unsetenv(name);
+  }
+};
+
+std::string hex_id(char fill) { return std::string(256, fill); }
+
+TEST(EpRankEnv, AbsentMeansNotSpawned) {
+  const RankVars vars(nullptr, nullptr, nullptr);
+  EXPECT_FALSE(ep::rank_from_env().has_value());
+}
+
+TEST(EpRankEnv, ParsesRankRanksAndTheId) {
+  std::string id = hex_id('0');
+  id[0] = 'a', id[1] = '5', id[254] = 'f', id[255] = 'f';
+  const RankVars vars("1", "2", id.c_str());
+  const std::optional<ep::RankEnv> env = ep::rank_from_env();
+  ASSERT_TRUE(env.has_value());
+  EXPECT_EQ(env->rank, 1);
+  EXPECT_EQ(env->ranks, 2);
+  EXPECT_EQ(static_cast<unsigned char>(env->id.bytes[0]), 0xa5);
+  EXPECT_EQ(static_cast<unsigned char>(env->id.bytes[127]), 0xff);
+  EXPECT_EQ(env->id.bytes[1], 0);
+}
+
+TEST(EpRankEnv, MalformedValuesAreNamed) {
+  const std::string good = hex_id('1');
+  struct Case {
+    const char *rank, *ranks;
+    std::string id;
+    const char* names;
+  } cases[] = {
+      {"0", nullptr, good, "MOEKIT_EP_RANKS"},        // rank without the others
+      {"x", "2", good, "MOEKIT_EP_RANK"},             // not a number
+      {"2", "2", good, "MOEKIT_EP_RANK"},             // rank past the ranks
+      {"0", "2", "abc", "MOEKIT_EP_NCCL_ID"},         // wrong length
+      {"0", "2", hex_id('g'), "MOEKIT_EP_NCCL_ID"},   // not hex
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string("rank=") + c.rank + " ranks=" + (c.ranks ? c.ranks : "(unset)") + " id=" + c.id.substr(0, 8));
+    const RankVars vars(c.rank, c.ranks, c.id.c_str());
+    try {
+      ep::rank_from_env();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.names), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Run in a process of its own by ctest (gtest_discover_tests): the loader is tried once per
+// process, and this test points it at a file that does not exist.
+TEST(EpNccl, AMissingLibrarySaysWhatWasTriedAndWhatToDo) {
+  setenv("MOEKIT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", 1);
+  try {
+    ep::nccl_version();
+    ADD_FAILURE() << "no error for a missing NCCL";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("/nonexistent/libnccl.so.2"), std::string::npos) << what;
+    EXPECT_NE(what.find("MOEKIT_NCCL_LIBRARY"), std::string::npos) << what;
+  }
+  EXPECT_THROW(ep::nccl_unique_id(), Error);  // every later call reports it too
+  unsetenv("MOEKIT_NCCL_LIBRARY");
+}
+
+}  // namespace
+}  // namespace moekit::testing
