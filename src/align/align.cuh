@@ -128,21 +128,11 @@ __device__ __forceinline__ void scan_padded_starts(int32_t total, int block_m, i
                                                    int32_t* s_start) {
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id(), tid = int(threadIdx.x);
   const int32_t padded = (total + block_m - 1) / block_m * block_m;
-  int32_t incl = padded;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int32_t v = __shfl_up_sync(dev::kFullMask, incl, off);
-    if (lane >= off) incl += v;
-  }
+  const int32_t incl = dev::warp_inclusive_sum(padded);
   if (lane == 31) s_warp_sum[warp] = incl;
   __syncthreads();
   const int32_t warp_sum = s_warp_sum[lane];
-  int32_t warps_incl = warp_sum;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int32_t v = __shfl_up_sync(dev::kFullMask, warps_incl, off);
-    if (lane >= off) warps_incl += v;
-  }
+  const int32_t warps_incl = dev::warp_inclusive_sum(warp_sum);
   const int32_t warp_offset = __shfl_sync(dev::kFullMask, warps_incl - warp_sum, warp);
   if (tid < E) s_start[tid] = warp_offset + incl - padded;
   if (tid == E - 1) s_start[E] = warp_offset + incl;
@@ -192,12 +182,7 @@ __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
   const int per = (E + 31) / 32, first = min(E, lane * per), last = min(E, first + per);
   int32_t mine = 0;
   for (int e = first; e < last; ++e) mine += (s_count[e] + p.block_m - 1) / p.block_m * p.block_m;
-  int32_t incl = mine;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int32_t v = __shfl_up_sync(dev::kFullMask, incl, off);
-    if (lane >= off) incl += v;
-  }
+  const int32_t incl = dev::warp_inclusive_sum(mine);
   int32_t at = incl - mine;
   for (int e = first; e < last; ++e) {  // few blocks per lane (at most n in all): scattered is fine
     const int32_t end = at + (s_count[e] + p.block_m - 1) / p.block_m * p.block_m;

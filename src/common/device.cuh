@@ -24,6 +24,17 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Inclusive prefix sum over the lanes (Hillis-Steele with shuffles): lane i gets v_0 + ... + v_i.
+__device__ __forceinline__ int32_t warp_inclusive_sum(int32_t v) {
+  const int lane = int(threadIdx.x & 31);
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int32_t u = __shfl_up_sync(kFullMask, v, off);
+    if (lane >= off) v += u;
+  }
+  return v;
+}
+
 __device__ __forceinline__ float bf16_lo(uint32_t packed) { return __uint_as_float(packed << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t packed) { return __uint_as_float(packed & 0xffff0000u); }
 

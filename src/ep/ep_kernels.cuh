@@ -55,12 +55,7 @@ __device__ __forceinline__ void warp_exclusive_scan(const int32_t* counts, int n
   const int per = (n + 31) / 32, begin = min(n, lane * per), end = min(n, begin + per);
   int32_t sum = 0;
   for (int i = begin; i < end; ++i) sum += counts[i];
-  int32_t incl = sum;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int32_t v = __shfl_up_sync(dev::kFullMask, incl, off);
-    if (lane >= off) incl += v;
-  }
+  const int32_t incl = dev::warp_inclusive_sum(sum);
   int32_t at = incl - sum;
   for (int i = begin; i < end; ++i) s_start[i] = at, at += counts[i];
   if (lane == 31) s_start[n] = incl;
