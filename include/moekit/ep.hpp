@@ -150,8 +150,7 @@ struct DecodeDispatch {
   int64_t overflow = 0;             // assignments beyond capacity: reported, never silently dropped
 };
 // Rows keep the send order; a destination's rows past `capacity` (its highest local experts'
-// last rows) overflow. The GPU kernel counts them in a device counter and a status bit; the
-// caller must check it.
+// last rows) overflow. The GPU kernel counts them in a device counter; the caller must check it.
 DecodeDispatch plan_decode_dispatch(const DecodeGeometry& g, const DispatchLayout& layout);
 
 }  // namespace moekit::ep

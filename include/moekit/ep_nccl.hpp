@@ -104,7 +104,7 @@ class EpLayer {
   void forward(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& w13, const Tensor& w2,
                const Tensor& y, int64_t token_offset, cudaStream_t stream);
 
-  // Synchronises the stream; counts of the last forward and its status bits.
+  // Synchronises the stream; counts of the last forward, its overflow and out-of-range ids.
   EpStats stats(cudaStream_t stream) const;
   // stats(), then moekit::Error when an id was out of range or rows overflowed (naming which).
   void check(cudaStream_t stream) const;
@@ -132,7 +132,7 @@ class EpLayer {
   size_t bytes_ = 0;
   std::unique_ptr<Buffers> buf_;
   // The last forward's message sizes in rows, per peer (prefill: from the counts; decode: fixed).
-  std::vector<int64_t> send_rows_, recv_rows_, send_off_, recv_off_;
+  std::vector<int64_t> send_rows_, recv_rows_;
   int64_t last_tokens_ = -1;
   int sm_count_ = 0;
 };

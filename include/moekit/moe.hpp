@@ -125,8 +125,7 @@ Workspace carve_workspace(const ForwardPlan& plan, void* base, size_t bytes);
 // Caller-given expert ids are checked on the device (a host check would need a sync): align
 // skips an id outside [0, E) and sets a bit in ws.status. check_status() synchronises `stream`
 // and throws moekit::Error naming the argument if any bit is set; call it outside hot loops.
-// kStatusEpOverflow: an EP decode step had rows past its capacity (ep::EpLayer::check reports it).
-enum StatusBits : int32_t { kStatusExpertIdOutOfRange = 1, kStatusEpOverflow = 2 };
+enum StatusBits : int32_t { kStatusExpertIdOutOfRange = 1 };
 void check_status(const Workspace& ws, cudaStream_t stream);
 
 // ---- Stage 1: router ------------------------------------------------------------------------

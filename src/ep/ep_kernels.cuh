@@ -64,7 +64,7 @@ __device__ __forceinline__ void warp_exclusive_scan(const int32_t* counts, int n
 // ---- pack: rows into the send buffer in align's order ----------------------------------------
 // Prefill: send row i is the i-th assignment of the send order. Decode: the destination's
 // position in its message, row dest*capacity + pos; a position >= capacity is counted in
-// *overflow and the status bit, and its assignment's result is absent (inv = -1).
+// *overflow, and its assignment's result is absent (inv = -1).
 struct PackParams {
   const __nv_bfloat16* x;      // [T, H]
   const float* topk_weights;   // [A]
@@ -76,7 +76,6 @@ struct PackParams {
   int32_t* inv;                // [A]: send row of assignment a (its result returns to the same row), -1
   int32_t* sent_counts;        // [R*S] decode: rows of each slot that fit; nullptr in prefill
   int32_t* overflow;           // [1] decode: assignments beyond capacity
-  int32_t* status;             // [1]
   int64_t hidden, capacity;    // capacity 0: prefill
   int topk, slots, slots_per_rank;
 };
@@ -128,10 +127,7 @@ __global__ void __launch_bounds__(kPackThreads) pack_kernel(PackParams p) {
   }
   if (lost) atomicAdd(&s_overflow, lost);
   __syncthreads();
-  if (threadIdx.x == 0 && s_overflow) {
-    atomicAdd(p.overflow, s_overflow);
-    atomicOr(p.status, kStatusEpOverflow);
-  }
+  if (threadIdx.x == 0 && s_overflow) atomicAdd(p.overflow, s_overflow);
 }
 
 // ---- the receiver's block table for its S local experts -------------------------------------

@@ -25,6 +25,13 @@ using detail::fail;
 std::string str(int64_t v) { return std::to_string(v); }
 nccl::Comm as_comm(void* c) { return static_cast<nccl::Comm>(c); }
 size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
+// Rows per rank of [R][S] counts: the sum of each rank's S entries.
+std::vector<int64_t> rows_per_rank(const int32_t* counts, int64_t R, int64_t S) {
+  std::vector<int64_t> rows(static_cast<size_t>(R), 0);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t l = 0; l < S; ++l) rows[size_t(r)] += counts[r * S + l];
+  return rows;
+}
 }  // namespace
 
 NcclId nccl_unique_id() {
@@ -178,15 +185,10 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
 
   MK_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
 
-  send_rows_.assign(size_t(R), 0);
-  recv_rows_.assign(size_t(R), 0);
-  send_off_.assign(size_t(R + 1), 0);
-  recv_off_.assign(size_t(R + 1), 0);
-  if (opt_.mode == EpMode::decode)
-    for (int64_t r = 0; r < R; ++r) {
-      send_rows_[size_t(r)] = recv_rows_[size_t(r)] = capacity_;
-      send_off_[size_t(r + 1)] = recv_off_[size_t(r + 1)] = (r + 1) * capacity_;
-    }
+  // Message sizes in rows: decode's are fixed; prefill's are set by each forward from the counts.
+  const int64_t fixed = opt_.mode == EpMode::decode ? capacity_ : 0;
+  send_rows_.assign(size_t(R), fixed);
+  recv_rows_.assign(size_t(R), fixed);
   agree_with_peers();
   MK_CUDA_CHECK(cudaDeviceSynchronize());  // the memset and table copies are done before any stream uses them
 }
@@ -216,14 +218,7 @@ void EpLayer::agree_with_peers() {
   try {
     MK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     MK_CUDA_CHECK(cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice));
-    const nccl::Api& n = nccl::api();
-    const nccl::Comm c = as_comm(comm_.nccl_comm());
-    nccl::check(n.GroupStart(), "ncclGroupStart");
-    for (int peer = 0; peer < R; ++peer) {
-      nccl::check(n.Send(d, sizeof mine, nccl::kUint8, peer, c, stream), "ncclSend");
-      nccl::check(n.Recv(d + kFields * (peer + 1), sizeof mine, nccl::kUint8, peer, c, stream), "ncclRecv");
-    }
-    nccl::check(n.GroupEnd(), "ncclGroupEnd");
+    nccl::all_gather(as_comm(comm_.nccl_comm()), R, d, d + kFields, sizeof mine, stream);
     MK_CUDA_CHECK(cudaMemcpyAsync(theirs.data(), d + kFields, theirs.size() * 8, cudaMemcpyDeviceToHost, stream));
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
   } catch (...) {
@@ -246,53 +241,40 @@ EpLayer::~EpLayer() = default;
 // ---- exchanges -------------------------------------------------------------------------------
 // The [R][S] counts: row d of this rank's slot counts goes to d; source s's row lands at [s].
 void EpLayer::exchange_counts(cudaStream_t stream) {
-  const nccl::Api& n = nccl::api();
-  const int R = comm_.ranks();
-  const int64_t S = placement_.slots_per_rank;
   const int32_t* counts = opt_.mode == EpMode::decode ? buf_->sent_counts : buf_->slot_counts;
-  nccl::check(n.GroupStart(), "ncclGroupStart");
-  for (int peer = 0; peer < R; ++peer) {
-    nccl::check(n.Send(counts + peer * S, size_t(S) * 4, nccl::kUint8, peer, as_comm(comm_.nccl_comm()), stream),
-                "ncclSend");
-    nccl::check(
-        n.Recv(buf_->recv_counts + peer * S, size_t(S) * 4, nccl::kUint8, peer, as_comm(comm_.nccl_comm()), stream),
-        "ncclRecv");
-  }
-  nccl::check(n.GroupEnd(), "ncclGroupEnd");
+  nccl::all_to_all(as_comm(comm_.nccl_comm()), comm_.ranks(), counts, buf_->recv_counts,
+                   size_t(placement_.slots_per_rank) * 4, stream);
 }
 
-// Dispatch (back = false): send_x/send_w rows [send_off[d], +send_rows[d]) to d, received at
-// recv_off[s]. Return (back = true): the local GEMM's y_rows along the same messages, reversed.
+// Dispatch (back = false): send_x/send_w rows of destination d (send_rows_[d] of them, after those
+// of the ranks before d) to d, received after the rows of the sources before it. Return (back =
+// true): the local GEMM's y_rows along the same messages, reversed. Empty messages are skipped on
+// both sides (each side knows the other's size).
 void EpLayer::exchange_rows(bool back, cudaStream_t stream) {
-  const nccl::Api& n = nccl::api();
   const nccl::Comm c = as_comm(comm_.nccl_comm());
-  const int R = comm_.ranks();
   const size_t row = size_t(opt_.shape.hidden) * 2;
   const auto* y_rows = static_cast<const char*>(buf_->ws.y_rows.data);
-  nccl::check(n.GroupStart(), "ncclGroupStart");
-  for (int peer = 0; peer < R; ++peer) {
-    const size_t so = size_t(send_off_[size_t(peer)]), sn = size_t(send_rows_[size_t(peer)]);
-    const size_t ro = size_t(recv_off_[size_t(peer)]), rn = size_t(recv_rows_[size_t(peer)]);
-    if (!back) {
-      if (sn) {
-        nccl::check(
-            n.Send(reinterpret_cast<const char*>(buf_->send_x) + so * row, sn * row, nccl::kUint8, peer, c, stream),
-            "ncclSend");
-        nccl::check(n.Send(buf_->send_w + so, sn * 4, nccl::kUint8, peer, c, stream), "ncclSend");
+  auto* send_x = reinterpret_cast<const char*>(buf_->send_x);
+  auto* recv_x = reinterpret_cast<char*>(buf_->recv_x);
+  auto* ret_x = reinterpret_cast<char*>(buf_->ret_x);
+  nccl::group([&] {
+    size_t so = 0, ro = 0;  // offsets of this peer's messages: the rows of the peers before it
+    for (int peer = 0; peer < comm_.ranks(); ++peer) {
+      const size_t sn = size_t(send_rows_[size_t(peer)]), rn = size_t(recv_rows_[size_t(peer)]);
+      if (!back && sn) {
+        nccl::send(c, send_x + so * row, sn * row, peer, stream);
+        nccl::send(c, buf_->send_w + so, sn * 4, peer, stream);
       }
-      if (rn) {
-        nccl::check(n.Recv(reinterpret_cast<char*>(buf_->recv_x) + ro * row, rn * row, nccl::kUint8, peer, c, stream),
-                    "ncclRecv");
-        nccl::check(n.Recv(buf_->recv_w + ro, rn * 4, nccl::kUint8, peer, c, stream), "ncclRecv");
+      if (!back && rn) {
+        nccl::recv(c, recv_x + ro * row, rn * row, peer, stream);
+        nccl::recv(c, buf_->recv_w + ro, rn * 4, peer, stream);
       }
-    } else {
-      if (rn) nccl::check(n.Send(y_rows + ro * row, rn * row, nccl::kUint8, peer, c, stream), "ncclSend");
-      if (sn)
-        nccl::check(n.Recv(reinterpret_cast<char*>(buf_->ret_x) + so * row, sn * row, nccl::kUint8, peer, c, stream),
-                    "ncclRecv");
+      if (back && rn) nccl::send(c, y_rows + ro * row, rn * row, peer, stream);
+      if (back && sn) nccl::recv(c, ret_x + so * row, sn * row, peer, stream);
+      so += sn;
+      ro += rn;
     }
-  }
-  nccl::check(n.GroupEnd(), "ncclGroupEnd");
+  });
 }
 
 void EpLayer::exchange_only(cudaStream_t stream) {
@@ -376,7 +358,6 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
                              b.inv,
                              decode ? b.sent_counts : nullptr,
                              b.overflow,
-                             b.status,
                              H,
                              decode ? capacity_ : 0,
                              int(k),
@@ -394,17 +375,10 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
     MK_CUDA_CHECK(
         cudaMemcpyAsync(b.h_counts + R * S, b.recv_counts, size_t(R * S) * 4, cudaMemcpyDeviceToHost, stream));
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (int64_t r = 0; r < R; ++r) {
-      int64_t sn = 0, rn = 0;
-      for (int64_t l = 0; l < S; ++l) sn += b.h_counts[r * S + l], rn += b.h_counts[R * S + r * S + l];
-      send_rows_[size_t(r)] = sn, recv_rows_[size_t(r)] = rn;
-      send_off_[size_t(r + 1)] = send_off_[size_t(r)] + sn, recv_off_[size_t(r + 1)] = recv_off_[size_t(r)] + rn;
-    }
-    // Cannot happen with consistent ranks (each sends at most its T*k rows); a guard, not a check.
-    if (recv_off_[size_t(R)] > recv_rows_max_ || send_off_[size_t(R)] > A)
-      fail(kEntry, "topk_ids",
-           "the ranks disagree on the step: " + str(recv_off_[size_t(R)]) + " rows arrive, room for " +
-               str(recv_rows_max_) + " (every rank must call forward with the same options)");
+    // Within the buffers: every rank was built with the same options (agree_with_peers), so a
+    // source sends at most its T*k <= options.shape.tokens*k rows, and R of them fit recv rows.
+    send_rows_ = rows_per_rank(b.h_counts, R, S);
+    recv_rows_ = rows_per_rank(b.h_counts + R * S, R, S);
   }
   exchange_rows(false, stream);
 
@@ -450,10 +424,8 @@ EpStats EpLayer::stats(cudaStream_t stream) const {
   EpStats st;
   st.overflow = decode ? overflow : 0;
   st.ids_out_of_range = (status & kStatusExpertIdOutOfRange) != 0;
-  st.rows_sent.assign(size_t(R), 0), st.rows_received.assign(size_t(R), 0);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t l = 0; l < S; ++l)
-      st.rows_sent[size_t(r)] += sent[size_t(r * S + l)], st.rows_received[size_t(r)] += recv[size_t(r * S + l)];
+  st.rows_sent = rows_per_rank(sent.data(), R, S);
+  st.rows_received = rows_per_rank(recv.data(), R, S);
   const int64_t row = opt_.shape.hidden * 2, me = comm_.rank();
   for (int64_t r = 0; r < R; ++r) {
     if (r == me) continue;

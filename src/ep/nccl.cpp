@@ -73,4 +73,44 @@ void check(Result r, const char* what) {
   throw Error(std::string(what) + ": NCCL error " + std::to_string(r) + " (" + api().GetErrorString(r) + ")");
 }
 
+void group(const std::function<void()>& body) {
+  check(api().GroupStart(), "ncclGroupStart");
+  try {
+    body();
+  } catch (...) {
+    api().GroupEnd();  // leave NCCL's group state balanced; the first error is the one reported
+    throw;
+  }
+  check(api().GroupEnd(), "ncclGroupEnd");
+}
+
+void send(Comm c, const void* buf, size_t bytes, int peer, cudaStream_t stream) {
+  check(api().Send(buf, bytes, kUint8, peer, c, stream), "ncclSend");
+}
+
+void recv(Comm c, void* buf, size_t bytes, int peer, cudaStream_t stream) {
+  check(api().Recv(buf, bytes, kUint8, peer, c, stream), "ncclRecv");
+}
+
+namespace {
+// Block p of recv from rank p; to rank p, send + p*send_stride (all_to_all) or send itself (0).
+void exchange_equal(Comm c, int ranks, const void* send_buf, size_t send_stride, void* recv_buf, size_t bytes,
+                    cudaStream_t stream) {
+  group([&] {
+    for (int peer = 0; peer < ranks; ++peer) {
+      send(c, static_cast<const char*>(send_buf) + size_t(peer) * send_stride, bytes, peer, stream);
+      recv(c, static_cast<char*>(recv_buf) + size_t(peer) * bytes, bytes, peer, stream);
+    }
+  });
+}
+}  // namespace
+
+void all_to_all(Comm c, int ranks, const void* send_buf, void* recv_buf, size_t bytes, cudaStream_t stream) {
+  exchange_equal(c, ranks, send_buf, bytes, recv_buf, bytes, stream);
+}
+
+void all_gather(Comm c, int ranks, const void* send_buf, void* recv_buf, size_t bytes, cudaStream_t stream) {
+  exchange_equal(c, ranks, send_buf, 0, recv_buf, bytes, stream);
+}
+
 }  // namespace moekit::ep::nccl

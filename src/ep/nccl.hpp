@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace moekit::ep::nccl {
@@ -41,5 +42,17 @@ const Api& api();
 
 // Throws moekit::Error "<what>: NCCL error <n> (<string>)" unless r is success.
 void check(Result r, const char* what);
+
+// The calls every exchange is made of, checked, counted in bytes: body() inside one
+// ncclGroupStart/End (which is ended also when body throws), and sends and receives in it.
+void group(const std::function<void()>& body);
+void send(Comm c, const void* buf, size_t bytes, int peer, cudaStream_t stream);
+void recv(Comm c, void* buf, size_t bytes, int peer, cudaStream_t stream);
+
+// Equal-size exchanges among the R ranks, one group each; enqueue only (graph-safe).
+// all_to_all: block p of send [R][bytes] goes to rank p, rank p's block lands in block p of recv.
+void all_to_all(Comm c, int ranks, const void* send, void* recv, size_t bytes, cudaStream_t stream);
+// all_gather: the same `bytes` of send to every rank; rank p's land in block p of recv [R][bytes].
+void all_gather(Comm c, int ranks, const void* send, void* recv, size_t bytes, cudaStream_t stream);
 
 }  // namespace moekit::ep::nccl

@@ -46,19 +46,7 @@ struct EpRow {
   double nccl_GBps() const { return nccl_ms > 0 ? double(bytes_on_wire) / (nccl_ms * 1e-3) / 1e9 : 0; }
 };
 
-// NCCL's own all-to-all: `bytes` to every rank (itself included), both buffers [R][bytes].
-void nccl_all_to_all(const ep::Communicator& comm, const void* send, void* recv, size_t bytes, cudaStream_t stream) {
-  const ep::nccl::Api& n = ep::nccl::api();
-  const auto c = static_cast<ep::nccl::Comm>(comm.nccl_comm());
-  ep::nccl::check(n.GroupStart(), "ncclGroupStart");
-  for (int peer = 0; peer < comm.ranks(); ++peer) {
-    ep::nccl::check(n.Send(static_cast<const char*>(send) + peer * bytes, bytes, ep::nccl::kUint8, peer, c, stream),
-                    "ncclSend");
-    ep::nccl::check(n.Recv(static_cast<char*>(recv) + peer * bytes, bytes, ep::nccl::kUint8, peer, c, stream),
-                    "ncclRecv");
-  }
-  ep::nccl::check(n.GroupEnd(), "ncclGroupEnd");
-}
+ep::nccl::Comm nccl_comm(const ep::Communicator& comm) { return static_cast<ep::nccl::Comm>(comm.nccl_comm()); }
 
 // The largest of every rank's `value` (a size all ranks must agree on before a paired exchange).
 int64_t max_over_ranks(const ep::Communicator& comm, int64_t value, cudaStream_t stream) {
@@ -66,14 +54,7 @@ int64_t max_over_ranks(const ep::Communicator& comm, int64_t value, cudaStream_t
   const DeviceBuffer d(8 * (R + 1));
   std::vector<int64_t> all(static_cast<size_t>(R));
   MK_CUDA_CHECK(cudaMemcpyAsync(d.get(), &value, 8, cudaMemcpyHostToDevice, stream));
-  const ep::nccl::Api& n = ep::nccl::api();
-  const auto c = static_cast<ep::nccl::Comm>(comm.nccl_comm());
-  ep::nccl::check(n.GroupStart(), "ncclGroupStart");
-  for (int peer = 0; peer < R; ++peer) {
-    ep::nccl::check(n.Send(d.get(), 8, ep::nccl::kUint8, peer, c, stream), "ncclSend");
-    ep::nccl::check(n.Recv(d.as<int64_t>() + 1 + peer, 8, ep::nccl::kUint8, peer, c, stream), "ncclRecv");
-  }
-  ep::nccl::check(n.GroupEnd(), "ncclGroupEnd");
+  ep::nccl::all_gather(nccl_comm(comm), R, d.get(), d.as<int64_t>() + 1, 8, stream);
   MK_CUDA_CHECK(cudaMemcpyAsync(all.data(), d.as<int64_t>() + 1, 8 * size_t(R), cudaMemcpyDeviceToHost, stream));
   MK_CUDA_CHECK(cudaStreamSynchronize(stream));
   return *std::max_element(all.begin(), all.end());
@@ -175,8 +156,8 @@ int run_rank(const BenchArgs& args, const ep::RankEnv& env, const std::string& c
     if (per_peer > 0) {
       const DeviceBuffer sb(int64_t(per_peer) * R), rb(int64_t(per_peer) * R);
       row.nccl_ms = time_median_ms(s, args.warmup, args.steps, [&](int) {
-        nccl_all_to_all(comm, sb.get(), rb.get(), per_peer, s);
-        nccl_all_to_all(comm, sb.get(), rb.get(), per_peer, s);
+        ep::nccl::all_to_all(nccl_comm(comm), R, sb.get(), rb.get(), per_peer, s);
+        ep::nccl::all_to_all(nccl_comm(comm), R, sb.get(), rb.get(), per_peer, s);
       });
     }
     if (lead)
