@@ -11,12 +11,15 @@
 #include <cstring>
 #include <string>
 
+#include "common/validate.hpp"
 #include "moekit/tensor.hpp"
 
 extern char** environ;
 
 namespace moekit::ep {
 namespace {
+using detail::fail;
+constexpr const char* kEnv = "rank_from_env";
 
 std::string to_hex(const NcclId& id) {
   static const char* digits = "0123456789abcdef";
@@ -28,11 +31,11 @@ std::string to_hex(const NcclId& id) {
 NcclId from_hex(const std::string& s) {
   NcclId id{};
   if (s.size() != 2 * sizeof id.bytes)
-    throw Error("MOEKIT_EP_NCCL_ID: expected 256 hex digits, got " + std::to_string(s.size()));
+    fail(kEnv, "MOEKIT_EP_NCCL_ID", "expected 256 hex digits, got " + std::to_string(s.size()));
   auto nibble = [&](char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    throw Error(std::string("MOEKIT_EP_NCCL_ID: not a hex digit: '") + c + "'");
+    fail(kEnv, "MOEKIT_EP_NCCL_ID", std::string("not a hex digit: '") + c + "'");
   };
   for (size_t i = 0; i < sizeof id.bytes; ++i) id.bytes[i] = char(nibble(s[2 * i]) * 16 + nibble(s[2 * i + 1]));
   return id;
@@ -42,7 +45,7 @@ int to_int(const char* name, const char* v) {
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
   if (end == v || *end != '\0' || x < 0 || x > 4096)
-    throw Error(std::string(name) + ": not a rank number: '" + v + "'");
+    fail(kEnv, name, std::string("not a rank number: '") + v + "'");
   return int(x);
 }
 
@@ -54,16 +57,16 @@ std::optional<RankEnv> rank_from_env() {
   const char* ranks = std::getenv("MOEKIT_EP_RANKS");
   const char* id = std::getenv("MOEKIT_EP_NCCL_ID");
   if (ranks == nullptr || id == nullptr)
-    throw Error("MOEKIT_EP_RANK is set but MOEKIT_EP_RANKS or MOEKIT_EP_NCCL_ID is not");
+    fail(kEnv, ranks == nullptr ? "MOEKIT_EP_RANKS" : "MOEKIT_EP_NCCL_ID", "is not set but MOEKIT_EP_RANK is");
   RankEnv e;
   e.rank = to_int("MOEKIT_EP_RANK", rank), e.ranks = to_int("MOEKIT_EP_RANKS", ranks);
-  if (e.ranks < 1 || e.rank >= e.ranks) throw Error("MOEKIT_EP_RANK must be below MOEKIT_EP_RANKS");
+  if (e.ranks < 1 || e.rank >= e.ranks) fail(kEnv, "MOEKIT_EP_RANK", "must be below MOEKIT_EP_RANKS");
   e.id = from_hex(id);
   return e;
 }
 
 std::vector<int> spawn_ranks(int ranks, const std::vector<std::string>& args) {
-  if (ranks < 1) throw Error("spawn_ranks: ranks must be >= 1, got " + std::to_string(ranks));
+  if (ranks < 1) fail("spawn_ranks", "ranks", "must be >= 1, got " + std::to_string(ranks));
   const std::string id = to_hex(nccl_unique_id());  // the parent hosts NCCL's rendezvous
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../errors.hpp"
 #include "moekit/moe.hpp"
 
 namespace moekit::testing {
@@ -70,21 +71,7 @@ inline Tensor with_null_data(Tensor t) { t.data = nullptr; return t; }
 inline Tensor misaligned(Tensor t) { t.data = static_cast<char*>(t.data) + 8; return t; }
 
 // ---- errors ---------------------------------------------------------------------------------
-// Passes when call() throws moekit::Error whose message names the argument as 'arg'.
-template <class F>
-::testing::AssertionResult throws_naming(F&& call, const std::string& arg) {
-  try {
-    call();
-  } catch (const Error& e) {
-    if (std::string(e.what()).find("'" + arg + "'") != std::string::npos)
-      return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "moekit::Error does not name '" << arg << "': " << e.what();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "expected moekit::Error naming '" << arg
-                                         << "', got another exception: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "expected moekit::Error naming '" << arg << "', nothing thrown";
-}
+using test_errors::throws_naming;
 
 // One invalid call of a validation table: what is wrong, the call, the argument it must name.
 struct BadCall {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cpu_test_util.hpp"
 #include "ep/spawn.hpp"
 #include "moekit/ep_nccl.hpp"
 
@@ -65,13 +66,16 @@ TEST(EpRankEnv, MalformedValuesAreNamed) {
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string("rank=") + c.rank + " ranks=" + (c.ranks ? c.ranks : "(unset)") + " id=" + c.id.substr(0, 8));
     const RankVars vars(c.rank, c.ranks, c.id.c_str());
-    try {
-      ep::rank_from_env();
-      ADD_FAILURE() << "no error";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(c.names), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(throws_naming([] { ep::rank_from_env(); }, c.names));
   }
+}
+
+// Checked before NCCL is loaded or a GPU is touched.
+TEST(EpRankEnv, BadRankCountsAreNamed) {
+  EXPECT_TRUE(throws_naming([] { ep::spawn_ranks(0, {}); }, "ranks"));
+  EXPECT_TRUE(throws_naming([] { ep::Communicator c(ep::NcclId{}, 0, 0); }, "ranks"));
+  EXPECT_TRUE(throws_naming([] { ep::Communicator c(ep::NcclId{}, 2, 2); }, "rank"));
+  EXPECT_TRUE(throws_naming([] { ep::Communicator c(ep::NcclId{}, -1, 2); }, "rank"));
 }
 
 // Run in a process of its own by ctest (gtest_discover_tests): the loader is tried once per

@@ -12,10 +12,13 @@
 #include <vector>
 
 #include "common/cuda_check.hpp"
+#include "errors.hpp"
 #include "moekit/moe.hpp"
 #include "reference/reference.hpp"
 
 namespace moekit::test {
+
+using test_errors::throws_naming;
 
 // GPU tests skip (visibly: ctest reports "Skipped") when there is no CUDA device.
 class GpuTest : public ::testing::Test {
