@@ -56,6 +56,13 @@ class Communicator {
   int rank_ = 0, ranks_ = 0, device_ = 0;
 };
 
+// This rank's slots' weights from the whole layer's: w13_local[l] = w13[e], w2_local[l] = w2[e]
+// for e = slot_expert[rank*S + l]; an empty slot's weights are left as they are (never read).
+// w13 [E, 2F, H], w2 [E, H, F], w13_local [S, 2F, H], w2_local [S, H, F], bf16, on the device.
+// Enqueued on `stream` (device-to-device copies).
+void copy_local_experts(const Placement& placement, int64_t rank, const Tensor& w13, const Tensor& w2,
+                        const Tensor& w13_local, const Tensor& w2_local, cudaStream_t stream);
+
 enum class EpMode : int {
   prefill,  // counts exchanged first (one host sync per step), exact message sizes
   decode,   // fixed-size messages: no host sync, capturable in a CUDA graph

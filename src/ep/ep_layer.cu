@@ -69,6 +69,30 @@ Communicator::~Communicator() {
   }
 }
 
+void copy_local_experts(const Placement& placement, int64_t rank, const Tensor& w13, const Tensor& w2,
+                        const Tensor& w13_local, const Tensor& w2_local, cudaStream_t stream) {
+  constexpr const char* kEntry = "copy_local_experts";
+  internal::expect_placement(placement, kEntry, "placement");
+  const int64_t E = placement.experts, S = placement.slots_per_rank;
+  if (rank < 0 || rank >= placement.ranks)
+    fail(kEntry, "rank", "must be in [0, " + str(placement.ranks) + "), got " + str(rank));
+  if (w13.rank != 3) fail(kEntry, "w13", "expected [E, 2F, H], got " + w13.shape_str());
+  const int64_t F2 = w13.dim(1), H = w13.dim(2);
+  detail::expect_tensor(kEntry, "w13", w13, DType::bf16, {E, F2, H});
+  detail::expect_tensor(kEntry, "w2", w2, DType::bf16, {E, H, F2 / 2});
+  detail::expect_tensor(kEntry, "w13_local", w13_local, DType::bf16, {S, F2, H});
+  detail::expect_tensor(kEntry, "w2_local", w2_local, DType::bf16, {S, H, F2 / 2});
+  const size_t b13 = size_t(F2 * H) * 2, b2 = size_t(H * (F2 / 2)) * 2;  // bytes per expert
+  for (int64_t l = 0; l < S; ++l) {
+    const int32_t e = placement.slot_expert[size_t(rank * S + l)];
+    if (e < 0) continue;
+    MK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(w13_local.data) + l * b13, static_cast<const char*>(w13.data) + e * b13,
+                                  b13, cudaMemcpyDeviceToDevice, stream));
+    MK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(w2_local.data) + l * b2, static_cast<const char*>(w2.data) + e * b2, b2,
+                                  cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
 // ---- buffers -----------------------------------------------------------------------------------
 struct EpLayer::Buffers {
   void* base = nullptr;

@@ -96,3 +96,26 @@ TEST(EpNccl, AMissingLibrarySaysWhatWasTriedAndWhatToDo) {
 
 }  // namespace
 }  // namespace moekit::testing
+
+namespace moekit::testing {
+namespace {
+
+// Validation throws before any copy: fake device pointers are never touched.
+TEST(EpCopyLocalExperts, BadArgumentsAreNamed) {
+  const ep::Placement p = ep::plan_placement({.experts = 8, .ranks = 2});  // S = 4
+  const Tensor w13(fake_ptr(0), DType::bf16, {8, 64, 32}), w2(fake_ptr(1), DType::bf16, {8, 32, 32});
+  const Tensor l13(fake_ptr(2), DType::bf16, {4, 64, 32}), l2(fake_ptr(3), DType::bf16, {4, 32, 32});
+  ep::Placement broken = p;
+  broken.replica_slots[0] = 5;  // expert 0 claimed by a slot that holds another
+  expect_all_rejected({
+      {"rank past R", [&] { ep::copy_local_experts(p, 2, w13, w2, l13, l2, nullptr); }, "rank"},
+      {"inconsistent placement", [&] { ep::copy_local_experts(broken, 0, w13, w2, l13, l2, nullptr); }, "placement"},
+      {"w13 of other experts", [&] { ep::copy_local_experts(p, 0, with_shape(w13, {7, 64, 32}), w2, l13, l2, nullptr); }, "w13"},
+      {"w2 not [E, H, F]", [&] { ep::copy_local_experts(p, 0, w13, with_shape(w2, {8, 32, 64}), l13, l2, nullptr); }, "w2"},
+      {"w13_local not S slots", [&] { ep::copy_local_experts(p, 0, w13, w2, with_shape(l13, {3, 64, 32}), l2, nullptr); }, "w13_local"},
+      {"w2_local f32", [&] { ep::copy_local_experts(p, 0, w13, w2, l13, with_dtype(l2, DType::f32), nullptr); }, "w2_local"},
+  });
+}
+
+}  // namespace
+}  // namespace moekit::testing

@@ -171,14 +171,9 @@ void check_case(const ep::Communicator& comm, const Case& c, uint64_t seed, cuda
   DeviceBuffer<bf16> w13_local(size_t(S * 2 * F * H)), w2_local(size_t(S * H * F));
   w13_local.poison();  // an empty slot's weights are never read
   w2_local.poison();
-  for (int64_t l = 0; l < S; ++l) {
-    const int32_t e = p.slot_expert[size_t(rank * S + l)];
-    if (e < 0) continue;
-    MK_CUDA_CHECK(cudaMemcpy(w13_local.ptr + l * 2 * F * H, w.w13.ptr + e * 2 * F * H, size_t(2 * F * H) * 2,
-                             cudaMemcpyDeviceToDevice));
-    MK_CUDA_CHECK(
-        cudaMemcpy(w2_local.ptr + l * H * F, w.w2.ptr + e * H * F, size_t(H * F) * 2, cudaMemcpyDeviceToDevice));
-  }
+  ep::copy_local_experts(p, rank, Tensor(w.w13.ptr, DType::bf16, {E, 2 * F, H}), Tensor(w.w2.ptr, DType::bf16, {E, H, F}),
+                         Tensor(w13_local.ptr, DType::bf16, {S, 2 * F, H}), Tensor(w2_local.ptr, DType::bf16, {S, H, F}),
+                         stream);
 
   const Tensor xt(x_local, DType::bf16, {T, H}), idt(ids.ptr, DType::i32, {T, k}), wt(wts.ptr, DType::f32, {T, k});
   const Tensor w13t(w13_local.ptr, DType::bf16, {S, 2 * F, H}), w2t(w2_local.ptr, DType::bf16, {S, H, F});

@@ -77,17 +77,10 @@ int run_rank(const BenchArgs& args, const ep::RankEnv& env, const std::string& c
 
   // This rank's slots' weights.
   const DeviceBuffer w13(S * 2 * F * H * 2), w2(S * H * F * 2);
-  MK_CUDA_CHECK(cudaMemset(w13.get(), 0, size_t(w13.bytes())));
-  MK_CUDA_CHECK(cudaMemset(w2.get(), 0, size_t(w2.bytes())));
-  for (int64_t l = 0; l < S; ++l) {
-    const int32_t e = p.slot_expert[size_t(rank * S + l)];
-    if (e < 0) continue;
-    MK_CUDA_CHECK(cudaMemcpy(w13.as<char>() + l * 2 * F * H * 2, layer.w13(0).as<char>() + e * 2 * F * H * 2,
-                             size_t(2 * F * H * 2), cudaMemcpyDeviceToDevice));
-    MK_CUDA_CHECK(cudaMemcpy(w2.as<char>() + l * H * F * 2, layer.w2(0).as<char>() + e * H * F * 2, size_t(H * F * 2),
-                             cudaMemcpyDeviceToDevice));
-  }
+  MK_CUDA_CHECK(cudaMemsetAsync(w13.get(), 0, size_t(w13.bytes()), s));
+  MK_CUDA_CHECK(cudaMemsetAsync(w2.get(), 0, size_t(w2.bytes()), s));
   const Tensor w13t(w13.get(), DType::bf16, {S, 2 * F, H}), w2t(w2.get(), DType::bf16, {S, H, F});
+  ep::copy_local_experts(p, rank, layer.w13(0), layer.w2(0), w13t, w2t, s);
 
   if (lead) {
     std::printf("moekit bench --ep %d: %s, %d ranks x %lld slots, NCCL %s\n", R, spec.str().c_str(), R, (long long)S,
