@@ -117,6 +117,8 @@ struct Workspace {
   Tensor status;           // [1] i32: error bits set by kernels (see check_status)
   Tensor align_scratch;    // [kAlignMaxCtas, E+1] i32: multi-CTA align's per-CTA counts (T*k >
                            // kAlignGridMinAssignments; else empty)
+  Tensor gemm_counter;     // [1] i32: the prefill (wgmma) GEMMs' work-item counter; each GEMM
+                           // zeroes it first (a memset on the stream)
 };
 size_t workspace_bytes(const ForwardPlan& plan);
 // Views into `base` (at least workspace_bytes(plan) bytes, 256-byte aligned).

@@ -118,6 +118,7 @@ nb::dict workspace_layout(const ForwardPlan& plan) {
   if (ws.y_partials.given()) add("y_partials", ws.y_partials);
   add("status", ws.status);
   if (ws.align_scratch.given()) add("align_scratch", ws.align_scratch);
+  add("gemm_counter", ws.gemm_counter);
   return d;
 }
 

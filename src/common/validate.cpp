@@ -81,6 +81,7 @@ void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* 
   if (plan.down_splits > 1)
     expect_tensor(entry, "ws.y_partials", ws.y_partials, DType::f32, {plan.down_splits, s.tokens * s.topk, s.hidden});
   expect_tensor(entry, "ws.status", ws.status, DType::i32, {1});
+  expect_tensor(entry, "ws.gemm_counter", ws.gemm_counter, DType::i32, {1});
   if (s.tokens * s.topk > kAlignGridMinAssignments)
     expect_tensor(entry, "ws.align_scratch", ws.align_scratch, DType::i32, {int64_t(kAlignMaxCtas), s.experts + 1});
 }

@@ -61,6 +61,7 @@ kernels::gemm::Params routing_params(const ForwardPlan& plan, const Workspace& w
   p.sorted_ids = ws.sorted_ids.as<const int32_t>();
   p.block_expert = ws.block_expert.as<const int32_t>();
   p.num_rows_padded = ws.num_rows_padded.as<const int32_t>();
+  p.tile_counter = ws.gemm_counter.as<int32_t>();
   p.num_assign = plan.shape.tokens * plan.shape.topk;
   p.topk = int(plan.shape.topk);
   p.k_splits = 1;

@@ -31,6 +31,7 @@ struct Params {
   const int32_t* sorted_ids;     // [max_rows]
   const int32_t* block_expert;   // [max_blocks]
   const int32_t* num_rows_padded;
+  int32_t* tile_counter;         // [1]: the wgmma kernel's claimed work items (ws.gemm_counter)
   int64_t num_assign;            // T*k: the padding sentinel
   int64_t k_dim;                 // reduction length: H (Up) or F (Down)
   int64_t n_dim;                 // output columns: F (Up) or H (Down)

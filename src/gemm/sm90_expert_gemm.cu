@@ -91,6 +91,8 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
   const int64_t cols = Cfg::cols_per_tile(M == Mode::Up);
   p.n_tiles = (p.n_dim + cols - 1) / cols;
   const int64_t grid = std::max<int64_t>(1, std::min(sms, max_blocks * p.n_tiles));
+  // The claim counter starts at zero every launch: a memset node in a graph, no host work.
+  MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
   launch_pdl("sm90_expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
              b_map);
 }
@@ -127,6 +129,7 @@ void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan
   check(p.b != nullptr && aligned16(p.b), "p.b", "must be a non-null 16-byte aligned pointer");
   check(p.out != nullptr && aligned16(p.out), "p.out", "must be a non-null 16-byte aligned pointer");
   check(p.sorted_ids && p.block_expert && p.num_rows_padded, "p.sorted_ids", "routing pointers must be given");
+  check(p.tile_counter != nullptr, "p.tile_counter", "must be given (ws.gemm_counter: the kernel claims work items)");
   check(mode == Mode::Up || p.topk_weights != nullptr, "p.topk_weights", "must be given for the down GEMM");
   check(p.topk > 0, "p.topk", "must be positive");
   check(p.k_splits <= 1 && p.partials == nullptr, "p.k_splits",

@@ -4,6 +4,15 @@
 // 128-row block of the aligned layout (one expert, block_expert[b]) times one column tile; a
 // persistent grid walks the items, their number read from the device (num_rows_padded).
 //
+// Work items are claimed, not dealt: CTA c starts with item c, then takes the next unclaimed one
+// from a global counter (p.tile_counter, zeroed by the launcher). Items that share a B tile (the
+// blocks of one expert) or an A block (its column tiles) are neighbours in item order, so with
+// claims they start within a few microseconds of each other and the second reader finds the
+// bytes in L2. Dealt round-robin, the CTAs drifted apart over the waves and re-read most B tiles
+// from DRAM (ncu, DeepSeek-V3 T=16384 up: 70 GB read for 15 GB of weights; Mixtral T=4096 up:
+// 10 GB for 1.9). The producer's claiming thread hands each item to the CTA's warps through a
+// two-slot shared-memory channel with its own mbarriers ("Work items" below).
+//
 // One CTA = 3 warpgroups, warp-specialised around a STAGES-deep ring of shared-memory stages:
 //   producer  (warpgroup 2, 56 registers): B = BN rows of the expert's weights by TMA (one 4-D
 //             box: Up takes BN/2 gate rows and the same BN/2 up rows); A = the tile's 128 rows by
@@ -17,6 +26,9 @@
 //             through its "empty" mbarrier. Then the epilogue from registers: Up — silu(g)·u from
 //             the paired gate/up accumulators, stored to act row r; Down — times the routing
 //             weight, stored to y_rows row a = sorted_ids[r]. Padding rows are never stored.
+//             A warpgroup whose 64 rows are all padding (an expert's last block holding at most
+//             64 rows) releases the stages without a wgmma: the other one runs alone, at up to
+//             the SM's whole tensor rate, and the tile ends sooner.
 // Every output element is one thread's fixed-order sum: bitwise deterministic.
 #pragma once
 
@@ -54,7 +66,40 @@ struct Smem {
   __device__ uint32_t b(uint32_t stage) const { return base + Cfg::kBOffset + stage * Cfg::kBBytes; }
   __device__ uint32_t full(uint32_t stage) const { return base + Cfg::kBarOffset + stage * 8; }
   __device__ uint32_t empty(uint32_t stage) const { return base + Cfg::kBarOffset + (Cfg::kStages + stage) * 8; }
+  __device__ uint32_t item_full(uint32_t slot) const { return base + Cfg::kItemBarOffset + slot * 8; }
+  __device__ uint32_t item_empty(uint32_t slot) const { return base + Cfg::kItemBarOffset + (kItemSlots + slot) * 8; }
+  __device__ uint32_t item_slot(uint32_t slot) const { return base + Cfg::kItemSlotOffset + slot * 4; }
 };
+
+// ---- Work items ----------------------------------------------------------------------------------
+// A ring of kItemSlots int32 slots. The producer's thread 0 publishes each item it will load (its
+// first is blockIdx.x, the next ones claimed from p.tile_counter) and finally one past the end;
+// every warp of the CTA takes the items in the same order. Protocol per slot: the publisher waits
+// for item_empty (every warp read the slot's previous item), stores, arrives on item_full
+// (release); a warp waits on item_full (acquire), reads, and its lane 0 arrives on item_empty.
+struct ItemRing {
+  uint32_t slot = 0, phase = 0;
+  __device__ void advance() {
+    if (++slot == kItemSlots) slot = 0, phase ^= 1;
+  }
+};
+template <class Cfg>
+__device__ __forceinline__ void publish_item(const Smem<Cfg>& sm, const ItemRing& ring, int32_t item) {
+  ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.item_slot(ring.slot)), "r"(item) : "memory");
+  ptx::mbar_arrive(sm.item_full(ring.slot));
+}
+// Called by all 32 lanes of a warp: the next item.
+template <class Cfg>
+__device__ __forceinline__ int32_t take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
+  ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
+  int32_t item;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(item) : "r"(sm.item_slot(ring.slot)) : "memory");
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
+  ring.advance();
+  return item;
+}
 
 // ---- producer warpgroup -------------------------------------------------------------------------
 template <Mode M, class Cfg>
@@ -67,10 +112,18 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
   // whole 128-byte lines.
   const int t = int(threadIdx.x) - kConsumerThreads;
   const int chunk = t % kChunksPerRow, row_in_pass = t / kChunksPerRow;
-  const bool tma_thread = t == 0;
+  const bool tma_thread = t == 0;  // also the thread that claims and publishes the work items
+  const int lane = t % 32;
 
   Pipe<Cfg::kStages> pipe;
-  for (int32_t item = int32_t(blockIdx.x); item < items; item += int32_t(gridDim.x)) {
+  ItemRing ring;
+  int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
+  for (;;) {
+    if (tma_thread) publish_item(sm, ring, next);
+    const int32_t item = take_item(sm, ring, lane);
+    if (item >= items) break;
+    // The next claim, issued now so its round trip hides behind this tile's loads.
+    if (tma_thread) next = int32_t(gridDim.x) + atomicAdd(p.tile_counter, 1);
     const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
     const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
@@ -115,9 +168,19 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
 
 // ---- consumer warpgroups: mainloop -------------------------------------------------------------
 // acc = A[64 rows of this warpgroup] · B[BN]ᵀ over the whole K of one tile.
+// A warpgroup whose rows are all padding (live = false) only releases the stages.
 template <class Cfg>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
-                                         uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane) {
+                                         uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
+                                         bool live) {
+  if (!live) {
+    for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
+      ptx::mbar_wait(sm.full(pipe.stage), pipe.phase);
+      __syncwarp();
+      if (lane == 0) ptx::mbar_arrive(sm.empty(pipe.stage));
+    }
+    return;
+  }
   uint32_t prev_stage = 0;
   for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
     const uint32_t stage = pipe.stage;
@@ -200,9 +263,15 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
 
   Pipe<Cfg::kStages> pipe;
-  for (int32_t item = int32_t(blockIdx.x); item < items; item += int32_t(gridDim.x)) {
+  ItemRing ring;
+  for (;;) {
+    const int32_t item = take_item(sm, ring, lane);
+    if (item >= items) break;
     const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
+    // Padding rows sit at the end of an expert's last block: if this warpgroup's first row is
+    // padding, all 64 are.
+    const bool live = p.sorted_ids[row0 + wg * kWgmmaM] < p.num_assign;
     // This thread's two output rows (acc_row for v%4 = 0 and 2), read before the K loop hides it.
     int32_t ids[2];
     float weights[2] = {0.0f, 0.0f};
@@ -213,7 +282,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
         if (ids[h] < p.num_assign) weights[h] = p.topk_weights[ids[h]];
     }
 
-    mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane);
+    mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live);
 
     const int32_t n0 = tile.n_tile * Cfg::cols_per_tile(M == Mode::Up);
 #pragma unroll
@@ -249,6 +318,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (uint32_t s = 0; s < STAGES; ++s) {
       ptx::mbar_init(sm.full(s), Cfg::kFullArrivals);
       ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
+    }
+    for (uint32_t s = 0; s < kItemSlots; ++s) {
+      ptx::mbar_init(sm.item_full(s), Cfg::kItemFullArrivals);
+      ptx::mbar_init(sm.item_empty(s), Cfg::kItemEmptyArrivals);
     }
     ptx::mbar_init_fence();
   }

@@ -25,6 +25,7 @@ inline constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
 inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 inline constexpr int kProducerThreads = 128;  // one warpgroup: A gather (cp.async) + B (TMA)
 inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
+inline constexpr int kItemSlots = 2;  // the work-item channel's ring (sm90_expert_gemm.cuh)
 static_assert(kRowBytes == 128, "the 128B swizzle needs rows of exactly 128 bytes");
 
 // The tile configuration of one compiled instance: BN columns of B per tile, STAGES-deep ring.
@@ -38,12 +39,19 @@ struct Config {
   static constexpr uint32_t kAOffset = 0;
   static constexpr uint32_t kBOffset = kAOffset + STAGES * kABytes;
   static constexpr uint32_t kBarOffset = kBOffset + STAGES * kBBytes;  // full[STAGES], empty[STAGES]
+  // The work-item channel (sm90_expert_gemm.cuh "Work items"): item_full[2], item_empty[2], then
+  // the two int32 slots.
+  static constexpr uint32_t kItemBarOffset = kBarOffset + 2 * STAGES * 8;
+  static constexpr uint32_t kItemSlotOffset = kItemBarOffset + 2 * kItemSlots * 8;
   // +1024: the dynamic-smem base is only guaranteed 16-byte aligned; the kernel rounds it up.
-  static constexpr size_t kSmemBytes = kBarOffset + 2 * STAGES * 8 + kSwizzleAtomBytes;
+  static constexpr size_t kSmemBytes = kItemSlotOffset + kItemSlots * 4 + kSwizzleAtomBytes;
   // full: 128 cp.async arrivals (.noinc) + 1 arrive.expect_tx of the TMA thread.
   static constexpr uint32_t kFullArrivals = kProducerThreads + 1;
   // empty: lane 0 of every consumer warp, once its warpgroup's wgmma on the stage completed.
   static constexpr uint32_t kEmptyArrivals = kConsumerThreads / 32;
+  // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot.
+  static constexpr uint32_t kItemFullArrivals = 1;
+  static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
   // 128·56 + 256·224 = 64512 = the 384 × 168 registers the CTA is launched with.
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;

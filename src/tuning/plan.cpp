@@ -152,7 +152,7 @@ int64_t round_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 struct Layout {
   int64_t router_logits, topk_ids, topk_weights, sorted_ids, block_expert, num_rows_padded, expert_counts, status,
-      act, y_rows, y_partials, align_scratch, total;
+      act, y_rows, y_partials, align_scratch, gemm_counter, total;
 };
 
 Layout layout_of(const ForwardPlan& p) {
@@ -173,6 +173,7 @@ Layout layout_of(const ForwardPlan& p) {
   l.y_rows = take(tk * s.hidden * 2);
   l.y_partials = take(p.down_splits > 1 ? p.down_splits * tk * s.hidden * 4 : 0);
   l.align_scratch = take(tk > kAlignGridMinAssignments ? int64_t(kAlignMaxCtas) * (s.experts + 1) * 4 : 0);
+  l.gemm_counter = take(4);
   l.total = off;
   return l;
 }
@@ -210,6 +211,7 @@ Workspace detail::carve_named(const ForwardPlan& p, void* base, size_t bytes, co
     ws.y_partials = Tensor(b + l.y_partials, DType::f32, {int64_t(p.down_splits), tk, s.hidden});
   if (tk > kAlignGridMinAssignments)
     ws.align_scratch = Tensor(b + l.align_scratch, DType::i32, {int64_t(kAlignMaxCtas), s.experts + 1});
+  ws.gemm_counter = Tensor(b + l.gemm_counter, DType::i32, {1});
   return ws;
 }
 

@@ -162,7 +162,7 @@ std::vector<View> views_of(const Workspace& ws) {
           {"sorted_ids", ws.sorted_ids},      {"block_expert", ws.block_expert},
           {"num_rows_padded", ws.num_rows_padded}, {"expert_counts", ws.expert_counts},
           {"act", ws.act},                    {"y_rows", ws.y_rows},
-          {"status", ws.status}};
+          {"status", ws.status},              {"gemm_counter", ws.gemm_counter}};
 }
 
 TEST(Workspace, ViewsAreAlignedDisjointAndInsideTheBuffer) {

@@ -281,6 +281,16 @@ TEST(ExpertUpValidation, ValidStartingPointPasses) {
 }
 TEST(ExpertUpValidation, Shape) { expect_all_rejected(bad_shapes(Entry::expert_up)); }
 TEST(ExpertUpValidation, LayoutBuffers) { expect_all_rejected(bad_layout_buffers(Entry::expert_up)); }
+// The GEMMs (not align) also take the wgmma kernel's work counter.
+std::vector<BadCall> bad_gemm_counter(Entry e) {
+  return {
+      bad_stage(e, "gemm_counter not given", [](Stage& s) { s.ws.gemm_counter = Tensor{}; }, "ws.gemm_counter"),
+      bad_stage(e, "gemm_counter [2]", [](Stage& s) { s.ws.gemm_counter = with_shape(s.ws.gemm_counter, {2}); }, "ws.gemm_counter"),
+      bad_stage(e, "gemm_counter f32", [](Stage& s) { s.ws.gemm_counter.dtype = DType::f32; }, "ws.gemm_counter"),
+  };
+}
+TEST(ExpertUpValidation, GemmCounter) { expect_all_rejected(bad_gemm_counter(Entry::expert_up)); }
+TEST(ExpertDownValidation, GemmCounter) { expect_all_rejected(bad_gemm_counter(Entry::expert_down)); }
 TEST(ExpertUpValidation, Operands) {
   const Entry e = Entry::expert_up;
   expect_all_rejected({

@@ -102,6 +102,7 @@ class Sm90GemmTest : public GpuTest {
     p.sorted_ids = ws.sorted_ids.as<const int32_t>();
     p.block_expert = ws.block_expert.as<const int32_t>();
     p.num_rows_padded = ws.num_rows_padded.as<const int32_t>();
+    p.tile_counter = ws.gemm_counter.as<int32_t>();
     p.num_assign = plan.shape.tokens * plan.shape.topk;
     p.topk = int(plan.shape.topk);
     return p;
@@ -271,11 +272,16 @@ TEST_F(Sm90GemmTest, AdversarialRoutings) {
   }
 }
 
-// More work items than SMs: every CTA walks several tiles, the stage ring wraps many times, and
-// the producer runs ahead into the next tile while the consumers store the previous one.
+// More work items than SMs: every CTA walks several tiles (its first, then claimed ones), the
+// stage and item rings wrap many times, and the producer runs ahead into the next tile while the
+// consumers store the previous one.
 TEST_F(Sm90GemmTest, ManyTilesPerCta) {
-  // 6144 rows = 48+ blocks; Up 384/(bn/2) and Down 768/bn column tiles: 144+ items per GEMM.
-  for (int bn : detail::sm90_block_ns()) run({3072, 768, 384, 4, 2, RoutingKind::Uniform}, bn, true);
+  for (int bn : detail::sm90_block_ns()) {
+    // 6144 rows = 48+ blocks; Up 384/(bn/2) and Down 768/bn column tiles: 144+ items per GEMM.
+    run({3072, 768, 384, 4, 2, RoutingKind::Uniform}, bn, true);
+    // 24576 rows = 192+ blocks, short K: 384-768 items (Up), 3-6 per CTA, claimed in quick succession.
+    run({12288, 256, 256, 2, 2, RoutingKind::Uniform}, bn, true);
+  }
 }
 
 TEST_F(Sm90GemmTest, BitwiseDeterministic) {
@@ -305,6 +311,7 @@ TEST(Sm90GemmValidation, RejectsWhatTheKernelCannotDo) {
   p.a = p.b = reinterpret_cast<const __nv_bfloat16*>(dummy);
   p.out = reinterpret_cast<__nv_bfloat16*>(dummy);
   p.sorted_ids = p.block_expert = p.num_rows_padded = dummy;
+  p.tile_counter = dummy;
   p.topk_weights = reinterpret_cast<const float*>(dummy);
   p.num_assign = 32, p.topk = 2, p.k_dim = 128, p.n_dim = 128, p.b_expert_stride = 2 * 128 * 128;
   auto expect_error = [&](const Params& q, const ForwardPlan& plan, int bn, const char* needle) {
@@ -326,6 +333,8 @@ TEST(Sm90GemmValidation, RejectsWhatTheKernelCannotDo) {
   expect_error(p, plan128, 192, "block_n");
   q = p, q.out = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(dummy) + 2);
   expect_error(q, plan128, 256, "p.out");
+  q = p, q.tile_counter = nullptr;
+  expect_error(q, plan128, 256, "p.tile_counter");
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ def test_workspace_layout_is_disjoint_and_aligned(h200, tokens):
     p = moekit.plan_forward(tokens, 2048, 768, 128, 8, device=h200)
     layout = p.workspace_layout()
     assert set(layout) - {"y_partials", "align_scratch"} == {"router_logits", "topk_ids", "topk_weights", "sorted_ids", "block_expert", "num_rows_padded",
-                           "expert_counts", "act", "y_rows", "status"}
+                           "expert_counts", "act", "y_rows", "status", "gemm_counter"}
     spans = []
     for name, (offset, dtype, shape) in layout.items():
         assert offset % 256 == 0, name
