@@ -14,13 +14,13 @@
 // two-slot shared-memory channel with its own mbarriers ("Work items" below).
 //
 // One CTA = 3 warpgroups, warp-specialised around a STAGES-deep ring of shared-memory stages:
-//   producer  (warpgroup 2, 56 registers): B = BN rows of the expert's weights by TMA (one 4-D
+//   producer  (warpgroup 2, 64 registers): B = BN rows of the expert's weights by TMA (one 4-D
 //             box: Up takes BN/2 gate rows and the same BN/2 up rows); A = the tile's 128 rows by
 //             cp.async, gathered through sorted_ids (Up: x row a/k; Down: act row r in sorted
 //             order), padding rows and the K tail zero-filled, written straight into the 128-byte
 //             swizzle wgmma reads. Each stage's "full" mbarrier completes when the TMA bytes have
 //             landed and all 128 producer threads' cp.async have (cp.async.mbarrier.arrive.noinc).
-//   consumers (warpgroups 0-1, 224 registers): warpgroup w owns rows [64w, 64w+64) and the tile's
+//   consumers (warpgroups 0-1, 216 registers): warpgroup w owns rows [64w, 64w+64) and the tile's
 //             BN columns: per stage 4 x wgmma.m64nBNk16 (A and B from shared memory, f32
 //             accumulators in registers), one group in flight while the previous stage is released
 //             through its "empty" mbarrier. Then the epilogue from registers: Up — silu(g)·u from
@@ -68,37 +68,53 @@ struct Smem {
   __device__ uint32_t empty(uint32_t stage) const { return base + Cfg::kBarOffset + (Cfg::kStages + stage) * 8; }
   __device__ uint32_t item_full(uint32_t slot) const { return base + Cfg::kItemBarOffset + slot * 8; }
   __device__ uint32_t item_empty(uint32_t slot) const { return base + Cfg::kItemBarOffset + (kItemSlots + slot) * 8; }
-  __device__ uint32_t item_slot(uint32_t slot) const { return base + Cfg::kItemSlotOffset + slot * 4; }
+  __device__ uint32_t item_slot(uint32_t slot) const { return base + Cfg::kItemSlotOffset + slot * 8; }
 };
 
 // ---- Work items ----------------------------------------------------------------------------------
-// A ring of kItemSlots int32 slots. The producer's thread 0 publishes each item it will load (its
-// first is blockIdx.x, the next ones claimed from p.tile_counter) and finally one past the end;
-// every warp of the CTA takes the items in the same order. Protocol per slot: the publisher waits
-// for item_empty (every warp read the slot's previous item), stores, arrives on item_full
-// (release); a warp waits on item_full (acquire), reads, and its lane 0 arrives on item_empty.
+// A ring of kItemSlots slots of {item, live}. The producer's thread 0 publishes each item it will
+// load (its first is blockIdx.x, the next ones claimed from p.tile_counter) and finally one past
+// the end; every warp of the CTA takes the items in the same order. `live` has bit w set when
+// consumer warpgroup w has a real row: padding rows sit at the end of an expert's last block, so
+// a warpgroup whose first row is padding has no other. The publisher reads those two ids, off
+// the consumers' path (the producer runs stages ahead of them).
+// Protocol per slot: the publisher waits for item_empty (every warp read the slot's previous
+// item), stores, arrives on item_full (release); a warp waits on item_full (acquire), reads, and
+// its lane 0 arrives on item_empty.
 struct ItemRing {
   uint32_t slot = 0, phase = 0;
   __device__ void advance() {
     if (++slot == kItemSlots) slot = 0, phase ^= 1;
   }
 };
+struct Item {
+  int32_t item, live;
+};
 template <class Cfg>
-__device__ __forceinline__ void publish_item(const Smem<Cfg>& sm, const ItemRing& ring, int32_t item) {
+__device__ __forceinline__ void publish_item(const Params& p, const Smem<Cfg>& sm, const ItemRing& ring, int32_t item,
+                                             int32_t items, int32_t blocks) {
+  int32_t live = 0;
+  if (item < items) {
+    const int32_t row0 = item_to_tile(item, blocks, int32_t(p.n_tiles)).block * kBlockM;
+#pragma unroll
+    for (int w = 0; w < kConsumerWarpgroups; ++w) live |= int32_t(p.sorted_ids[row0 + w * kWgmmaM] < p.num_assign) << w;
+  }
   ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.item_slot(ring.slot)), "r"(item) : "memory");
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.item_slot(ring.slot) + 4), "r"(live) : "memory");
   ptx::mbar_arrive(sm.item_full(ring.slot));
 }
 // Called by all 32 lanes of a warp: the next item.
 template <class Cfg>
-__device__ __forceinline__ int32_t take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
+__device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
   ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
-  int32_t item;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(item) : "r"(sm.item_slot(ring.slot)) : "memory");
+  Item it;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(it.item) : "r"(sm.item_slot(ring.slot)) : "memory");
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(it.live) : "r"(sm.item_slot(ring.slot) + 4) : "memory");
   __syncwarp();
   if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
   ring.advance();
-  return item;
+  return it;
 }
 
 // ---- producer warpgroup -------------------------------------------------------------------------
@@ -119,11 +135,9 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
   ItemRing ring;
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
   for (;;) {
-    if (tma_thread) publish_item(sm, ring, next);
-    const int32_t item = take_item(sm, ring, lane);
+    if (tma_thread) publish_item(p, sm, ring, next, items, blocks);
+    const int32_t item = take_item(sm, ring, lane).item;
     if (item >= items) break;
-    // The next claim, issued now so its round trip hides behind this tile's loads.
-    if (tma_thread) next = int32_t(gridDim.x) + atomicAdd(p.tile_counter, 1);
     const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
     const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
@@ -162,6 +176,9 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       }
       ptx::cp_async_arrive_noinc(sm.full(stage));
     }
+    // The next claim once this tile's loads are issued: its round trip (and the publisher's read
+    // of two ids) overlaps the consumers' last stages.
+    if (tma_thread) next = int32_t(gridDim.x) + atomicAdd(p.tile_counter, 1);
   }
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
 }
@@ -265,13 +282,11 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
   for (;;) {
-    const int32_t item = take_item(sm, ring, lane);
-    if (item >= items) break;
-    const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
+    const Item it = take_item(sm, ring, lane);
+    if (it.item >= items) break;
+    const TileCoord tile = item_to_tile(it.item, blocks, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
-    // Padding rows sit at the end of an expert's last block: if this warpgroup's first row is
-    // padding, all 64 are.
-    const bool live = p.sorted_ids[row0 + wg * kWgmmaM] < p.num_assign;
+    const bool live = (it.live >> wg) & 1;
     // This thread's two output rows (acc_row for v%4 = 0 and 2), read before the K loop hides it.
     int32_t ids[2];
     float weights[2] = {0.0f, 0.0f};

@@ -40,11 +40,11 @@ struct Config {
   static constexpr uint32_t kBOffset = kAOffset + STAGES * kABytes;
   static constexpr uint32_t kBarOffset = kBOffset + STAGES * kBBytes;  // full[STAGES], empty[STAGES]
   // The work-item channel (sm90_expert_gemm.cuh "Work items"): item_full[2], item_empty[2], then
-  // the two int32 slots.
+  // the two slots of {item, live warpgroups} (int32 each).
   static constexpr uint32_t kItemBarOffset = kBarOffset + 2 * STAGES * 8;
   static constexpr uint32_t kItemSlotOffset = kItemBarOffset + 2 * kItemSlots * 8;
   // +1024: the dynamic-smem base is only guaranteed 16-byte aligned; the kernel rounds it up.
-  static constexpr size_t kSmemBytes = kItemSlotOffset + kItemSlots * 4 + kSwizzleAtomBytes;
+  static constexpr size_t kSmemBytes = kItemSlotOffset + kItemSlots * 8 + kSwizzleAtomBytes;
   // full: 128 cp.async arrivals (.noinc) + 1 arrive.expect_tx of the TMA thread.
   static constexpr uint32_t kFullArrivals = kProducerThreads + 1;
   // empty: lane 0 of every consumer warp, once its warpgroup's wgmma on the stage completed.
@@ -52,9 +52,10 @@ struct Config {
   // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot.
   static constexpr uint32_t kItemFullArrivals = 1;
   static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
-  // 128·56 + 256·224 = 64512 = the 384 × 168 registers the CTA is launched with.
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
+  // 128·64 + 256·216 = 63488 <= the 384 × 168 registers the CTA is launched with. The producer
+  // needs 64 since it publishes work items (claim, two ids); the consumers fit 216 without a spill.
+  static constexpr int kProducerRegs = 64;
+  static constexpr int kConsumerRegs = 216;
   // Output columns per tile: Up pairs BN/2 gate with the same BN/2 up columns.
   static constexpr int cols_per_tile(bool up) { return up ? BN / 2 : BN; }
 

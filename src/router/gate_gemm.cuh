@@ -258,4 +258,210 @@ __global__ void __launch_bounds__(32 * kGateWarps) gate_logits_looped_kernel(Gat
   }
 }
 
+
+// ---- Prefill with many experts: a pipelined CTA per 128 x 64 tile ---------------------------------
+// The looped kernel keeps the order's structure in its threads (warp w sums the steps s ≡ w mod
+// kGateWarps of every slice, for a 64 x 32 tile): each CTA waits for 16 serial batches of loads at
+// one CTA per SM, and x and w_gate are re-read from L2 for every 64 x 32 tile (ncu, DeepSeek-V3
+// T=16384: 717 µs, 2.8 GB through L2, no eligible warp 70% of cycles).
+//
+// This kernel computes the same sums in the same order with the order's roles unrolled in time:
+// every warp computes, for its own 32 x 32 outputs, the warp partials one after another —
+//   for slice r: for w in 0..7: P = Σ_{s ≡ w (mod 8), ascending} (two k16 MMAs per step, as
+//   above); V = w == 0 ? P : V + P;   then S = r == 0 ? V : S + V
+// which is bitwise the looped and cluster kernels' logits (same MMAs on the same operands, the
+// same additions in the same order). The CTA streams the steps in exactly that order through a
+// ring of STAGES stages of G steps (32 columns of 128 x rows and 64 w_gate rows each), shared by
+// its 8 warps (4 x 2 of them over the tile): one barrier per stage. The order's columns are a
+// table in shared memory, written once per CTA, so a step's loads cost a table read.
+// ncu (DeepSeek-V3 T=16384): with 2 warps per scheduler the kernel is bound by instruction issue
+// (0.44 issued per cycle, tensor pipe ~19% active): 16 MMAs per warp and step against the
+// loads' and the order's bookkeeping; 3 accumulator sets (P, V, S) keep the warp tile at 32 x 32.
+constexpr int kGatePipeRows = 128, kGatePipeCols = 64;  // tokens x experts per CTA
+constexpr int kGatePipeStepBytes = (kGatePipeRows + kGatePipeCols) * kGateStep * 2;  // 12 KB
+template <int G, int STAGES>
+struct GatePipe {
+  static constexpr int kStageBytes = G * kGatePipeStepBytes;
+  static constexpr int kSmemBytes = STAGES * kStageBytes;  // then the table of the steps' columns
+  static_assert(STAGES >= 3 && kSmemBytes <= 200 * 1024, "a ring of at least 3 stages that fits shared memory");
+};
+// Entries of the step table for H: at most ceil(H / 32) steps plus one partial step per slice.
+__host__ __device__ constexpr int64_t gate_step_table_entries(int64_t hidden) {
+  return (hidden + kGateStep - 1) / kGateStep + kGateSlices;
+}
+
+// The slices of H (as in warp_slice_partial): [begin, end), in whole 32-column steps.
+struct GateSlicing {
+  int64_t hidden, width;
+  __device__ explicit GateSlicing(int64_t h) : hidden(h), width(gate_slice_width(h)) {}
+  __device__ int64_t begin(int slice) const { return min(hidden, int64_t(slice) * width); }
+  __device__ int64_t end(int slice) const { return min(hidden, begin(slice) + width); }
+  __device__ int64_t steps(int slice) const { return (end(slice) - begin(slice) + kGateStep - 1) / kGateStep; }
+};
+
+// Steps of role w in a slice of `steps` steps.
+__device__ __forceinline__ int64_t gate_role_steps(int64_t steps, int w) {
+  return steps > w ? (steps - w + kGateWarps - 1) / kGateWarps : 0;
+}
+
+template <int G, int STAGES>
+__global__ void __launch_bounds__(32 * kGateWarps, 1) gate_logits_pipelined_kernel(GateParams p) {
+  using Pipe = GatePipe<G, STAGES>;
+  extern __shared__ __align__(128) unsigned char gate_smem[];
+  constexpr int kXBytes = kGatePipeRows * kGateStep * 2;  // [128][32] bf16 per step, then w [64][32]
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, q = lane & 3;
+  const int wm = warp % 4, wn = warp / 4;  // this warp's 32 x 32 of the tile
+  const int e0 = int(blockIdx.x) * kGatePipeCols;
+  const int64_t t0 = int64_t(blockIdx.y) * kGatePipeRows;
+  const int64_t H = p.hidden;
+  const uint32_t smem0 = dev::smem_addr(gate_smem);
+
+  // This thread's 3 chunks of every step: 512 x chunks (row id/4, chunk id%4), then 256 w chunks.
+  const __nv_bfloat16* src[3];
+  bool row_ok[3];
+  uint32_t dst[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const int id = tid + i * 32 * kGateWarps;
+    const int c = id & 3;
+    if (id < kGatePipeRows * 4) {
+      const int64_t t = t0 + id / 4;
+      row_ok[i] = t < p.tokens;
+      src[i] = p.x + (row_ok[i] ? t : 0) * H + c * 8;
+      dst[i] = uint32_t((id / 4) * kGateStep * 2 + c * 16);
+    } else {
+      const int e = e0 + (id - kGatePipeRows * 4) / 4;
+      row_ok[i] = e < p.experts;
+      src[i] = p.w_gate + int64_t(row_ok[i] ? e : 0) * H + c * 8;
+      dst[i] = uint32_t(kXBytes + ((id - kGatePipeRows * 4) / 4) * kGateStep * 2 + c * 16);
+    }
+  }
+  // The step table: entry n = the column where the n-th step of the order starts, and its slice's
+  // end. Thread r < 8 writes slice r's steps: roles w in order, s = w, w + 8, ... .
+  const GateSlicing sl(H);
+  int32_t* s_k = reinterpret_cast<int32_t*>(gate_smem + Pipe::kSmemBytes);
+  int32_t* s_end = s_k + gate_step_table_entries(H);
+  int64_t total = 0;
+  for (int r = 0; r < kGateSlices; ++r) total += sl.steps(r);
+  if (tid < kGateSlices) {
+    int64_t n = 0;
+    for (int r = 0; r < tid; ++r) n += sl.steps(r);
+    const int64_t steps = sl.steps(tid), b = sl.begin(tid);
+    for (int w = 0; w < kGateWarps; ++w)
+      for (int64_t st = w; st < steps; st += kGateWarps, ++n) {
+        s_k[n] = int32_t(b + st * kGateStep);
+        s_end[n] = int32_t(sl.end(tid));
+      }
+  }
+  __syncthreads();
+  int64_t n_load = 0;
+  auto load_stage = [&](int slot) {
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      if (n_load >= total) break;
+      const int64_t k = s_k[n_load], k_end = s_end[n_load];
+      const uint32_t base = smem0 + uint32_t(slot * Pipe::kStageBytes + u * kGatePipeStepBytes);
+#pragma unroll
+      for (int i = 0; i < 3; ++i) {
+        const int c = (tid + i * 32 * kGateWarps) & 3;
+        const bool ok = row_ok[i] && k + c * 8 < k_end;
+        dev::cp_async16(base + dst[i], src[i] + k, ok ? 16u : 0u);
+      }
+      ++n_load;
+    }
+    dev::cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+  };
+
+  dev::pdl_enter();  // x may be the previous kernel's output
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) load_stage(st);
+
+  float P[2][4][4], V[2][4][4], S[2][4][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) P[mt][nt][i] = 0.0f;
+  // The consumer's place in the order: slice r, role w, `left` steps of the role to go. Closing a
+  // role folds P into V (and, at the slice's end, V into S); roles without a step fold a zero P.
+  int r = 0, w = 0;
+  int64_t left = gate_role_steps(sl.steps(0), 0);
+  auto close_roles = [&] {
+    while (r < kGateSlices && left == 0) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            V[mt][nt][i] = w == 0 ? P[mt][nt][i] : canon::add(V[mt][nt][i], P[mt][nt][i]);
+            P[mt][nt][i] = 0.0f;
+          }
+      if (++w == kGateWarps) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) S[mt][nt][i] = r == 0 ? V[mt][nt][i] : canon::add(S[mt][nt][i], V[mt][nt][i]);
+        w = 0, ++r;
+      }
+      if (r < kGateSlices) left = gate_role_steps(sl.steps(r), w);
+    }
+  };
+  close_roles();
+
+  int slot = 0;
+  for (int64_t n = 0; n < total; n += G) {
+    dev::cp_async_wait<STAGES - 2>();
+    __syncthreads();  // the stage landed for every thread; the slot refilled next was read by all
+    load_stage(slot == 0 ? STAGES - 1 : slot - 1);
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      if (n + u >= total) break;
+      const unsigned char* xs = gate_smem + slot * Pipe::kStageBytes + u * kGatePipeStepBytes;
+      const unsigned char* ws = xs + kXBytes;
+      uint4 xv[2][2], wv[4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          xv[mt][h] = *reinterpret_cast<const uint4*>(xs + (wm * 32 + mt * 16 + g + 8 * h) * kGateStep * 2 + q * 16);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+        wv[nt] = *reinterpret_cast<const uint4*>(ws + (wn * 32 + nt * 8 + g) * kGateStep * 2 + q * 16);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            const uint32_t a[4] = {word(xv[mt][0], 2 * j), word(xv[mt][1], 2 * j), word(xv[mt][0], 2 * j + 1),
+                                   word(xv[mt][1], 2 * j + 1)};
+            dev::mma_bf16(P[mt][nt], a, word(wv[nt], 2 * j), word(wv[nt], 2 * j + 1));
+          }
+      --left;
+      close_roles();
+    }
+    slot = slot + 1 == STAGES ? 0 : slot + 1;
+  }
+  dev::cp_async_wait_all();
+
+  // C fragment: c0,c1 row g cols 2q,2q+1; c2,c3 row g+8.
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t t = t0 + wm * 32 + mt * 16 + g + 8 * h;
+        const int e = e0 + wn * 32 + nt * 8 + 2 * q;
+        if (t >= p.tokens) continue;
+        if (e < p.experts) p.logits[t * p.experts + e] = S[mt][nt][2 * h];
+        if (e + 1 < p.experts) p.logits[t * p.experts + e + 1] = S[mt][nt][2 * h + 1];
+      }
+}
+
 }  // namespace moekit::kernels::router

@@ -55,17 +55,61 @@ void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
   }
 }
 
+// Prefill with E > 8: one pipelined CTA per 128 x 64 tile (gate_gemm.cuh), the same sums in the
+// same order as the other instances. Stages of 4 steps, 4 deep: the fastest of 1 x 6, 2 x 6 and
+// 4 x 4 under ncu (DeepSeek-V3 T=16384 gate 510 / 497 / 477 µs; Qwen3 115 / 118 / 110 µs).
+constexpr int kGatePipeG = 4, kGatePipeStages = 4;
+using GatePipeCfg = kernels::router::GatePipe<kGatePipeG, kGatePipeStages>;
+// Shared memory of the pipelined kernel for H: the ring, then the step table (two int32 a step).
+int64_t gate_pipelined_smem(int64_t hidden) {
+  return GatePipeCfg::kSmemBytes + 8 * kernels::router::gate_step_table_entries(hidden);
+}
+// Whether this device runs the pipelined kernel for H (its step table in shared memory, int32 columns).
+bool gate_pipelined_fits(int64_t hidden) {
+  static detail::PerDevice<int64_t> optin;
+  const int64_t limit = optin.get([](int device) {
+    int v = 0;
+    MK_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    MK_CUDA_CHECK(cudaFuncSetAttribute(kernels::router::gate_logits_pipelined_kernel<kGatePipeG, kGatePipeStages>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, v));
+    return int64_t(v);
+  });
+  return hidden < (int64_t(1) << 30) && gate_pipelined_smem(hidden) <= limit;
+}
+void launch_gate_pipelined(const kernels::router::GateParams& p, cudaStream_t stream) {
+  namespace kr = kernels::router;
+  auto kernel = kr::gate_logits_pipelined_kernel<kGatePipeG, kGatePipeStages>;
+  constexpr int64_t kChunk = 65535 * int64_t(kr::kGatePipeRows);  // token tiles on grid y
+  const unsigned e_tiles = unsigned((p.experts + kr::kGatePipeCols - 1) / kr::kGatePipeCols);
+  for (int64_t t0 = 0; t0 < p.tokens; t0 += kChunk) {
+    kr::GateParams c = p;
+    c.tokens = std::min(kChunk, p.tokens - t0);
+    c.x = p.x + t0 * p.hidden;
+    c.logits = p.logits + t0 * p.experts;
+    const dim3 grid(e_tiles, unsigned((c.tokens + kr::kGatePipeRows - 1) / kr::kGatePipeRows));
+    detail::launch_pdl("gate_logits_pipelined_kernel", kernel, grid, dim3(32 * kr::kGateWarps),
+                       size_t(gate_pipelined_smem(p.hidden)), stream, c);
+  }
+}
+
 // Decode (T <= 16): 16 x 8 tiles in clusters, w_gate spread over the most SMs. Up to 256 tokens:
-// 32 x 32 (32 x 8 for E <= 8) tiles in clusters. Beyond: one CTA per 64 x 32 (64 x 8) tile
-// walking the slices, so x and w_gate are re-read from L2 less and no cluster is launched per
-// few hundred MMAs.
+// 32 x 32 (32 x 8 for E <= 8) tiles in clusters. Beyond: one CTA per 64 x 32 (64 x 8) tile walking
+// the slices (no cluster launched per few hundred MMAs); from kGatePipeMinCtas of its 128 x 64
+// tiles (E > 8), the pipelined kernel, which re-reads x and w_gate from L2 a quarter as often
+// but has 8x fewer CTAs (measured: DeepSeek-V3 T=1024, 32 CTAs, 2.5x slower than the looped
+// kernel; T=4096, 128 CTAs, 1.4x faster).
+constexpr int64_t kGatePipeMinCtas = 64;
 void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
+  namespace kr = kernels::router;
+  const int64_t pipe_ctas = (p.tokens + kr::kGatePipeRows - 1) / kr::kGatePipeRows *
+                            ((p.experts + kr::kGatePipeCols - 1) / kr::kGatePipeCols);
   if (p.tokens <= 16) launch_gate<1, 1, false>(p, stream);
   else if (p.tokens <= 256) {
     if (p.experts <= 8) launch_gate<2, 1, false>(p, stream);
     else launch_gate<2, 4, false>(p, stream);
   } else if (p.experts <= 8) launch_gate<4, 1, true>(p, stream);
-  else launch_gate<4, 4, true>(p, stream);
+  else if (pipe_ctas < kGatePipeMinCtas || !gate_pipelined_fits(p.hidden)) launch_gate<4, 4, true>(p, stream);
+  else launch_gate_pipelined(p, stream);
 }
 }  // namespace
 

@@ -123,20 +123,27 @@ TEST_F(RouterTest, TensorCoreLogitsEveryInstance) {
   check({9, 1024, 512, 16, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
   check({1000, 7168, 256, 8, Scoring::sigmoid, true, true, false, false, 8, 4, 2.5f});  // deepseek-like prefill
   check({700, 4096, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});      // mixtral-like prefill
+  // The pipelined 128 x 64 tiles (from 64 of them): 17 x 4, the last token tile and expert tile partial.
+  check({2100, 2048, 200, 8, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
 }
 
 // Small cases of every tensor-core kernel for the sanitizers (gpu-check: memcheck, racecheck).
 TEST_F(RouterTest, TensorCoreLogitsSmall) {
   for (int64_t T : {3, 40, 257})
     for (int64_t E : {8, 40}) check({T, 520, E, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
+  check({2050, 520, 300, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});  // pipelined: 17 x 5 tiles
 }
 
 // A token's tensor-core logits do not depend on the batch: the same rows give bitwise the same
-// logits at T = 1, 16 (decode clusters), 17, 300 (larger clusters) and 600 (a CTA walking the
-// slices), and on a second run.
+// logits at T = 1, 16 (decode clusters), 17 (larger clusters), 300 (a CTA walking the slices) and
+// 2100 (E = 200, 256: the pipelined 128 x 64 tiles, the last token tile partial; else a CTA
+// walking the slices), and on a second run. H = 7168: 28 steps per slice, roles of 4 and 3 steps;
+// H = 72: three one-step slices, five empty ones and roles without a step.
 TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
-  for (int64_t E : {8, 64, 256}) {
-    const int64_t H = 2048, Tmax = 600;
+  for (int64_t H : {2048, 7168, 72})
+  for (int64_t E : {8, 64, 200, 256}) {
+    const int64_t Tmax = 2100;
+    SCOPED_TRACE("H=" + std::to_string(H));
     std::mt19937_64 rng(fresh_seed());
     const auto x = random_bf16(size_t(Tmax * H), rng);
     const auto wg = random_bf16(size_t(E * H), rng, 1.0f / std::sqrt(float(H)));
@@ -144,7 +151,7 @@ TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
     DeviceBuffer<int32_t> d_ids(size_t(Tmax * 2));
     DeviceBuffer<float> d_w(size_t(Tmax * 2)), d_logits(size_t(Tmax * E));
     std::vector<float> first;
-    for (int64_t T : {int64_t(600), int64_t(1), int64_t(16), int64_t(17), int64_t(300), int64_t(600)}) {
+    for (int64_t T : {Tmax, int64_t(1), int64_t(16), int64_t(17), int64_t(300), Tmax}) {
       SCOPED_TRACE("E=" + std::to_string(E) + " T=" + std::to_string(T));
       d_logits.poison();
       route(Tensor(d_x.ptr, DType::bf16, {T, H}), Tensor(d_wg.ptr, DType::bf16, {E, H}), Tensor(), Tensor(),
@@ -156,7 +163,7 @@ TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
         first = got;
         continue;
       }
-      ASSERT_EQ(std::memcmp(got.data(), first.data(), size_t(T * E) * 4), 0) << "logits differ from the T=600 run";
+      ASSERT_EQ(std::memcmp(got.data(), first.data(), size_t(T * E) * 4), 0) << "logits differ from the first (T=2100) run";
     }
   }
 }
