@@ -20,7 +20,8 @@ class Workspace:
     """A plan and its workspace buffer, for running the stages one by one (align, expert_up,
     expert_down, combine). view(name) gives the intermediate tensors: router_logits, topk_ids,
     topk_weights, sorted_ids, block_expert, num_rows_padded, expert_counts, act, y_rows, status,
-    and y_partials when the plan splits the down GEMM (plan.down_splits > 1)."""
+    gemm_counter (the prefill GEMM's work counter), y_partials when the plan splits the down GEMM
+    (plan.down_splits > 1) and align_scratch past 4096 assignments."""
 
     _DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32}
 
