@@ -26,6 +26,20 @@ void launch(const kernels::router::Params& p, DType w_dtype, cudaStream_t stream
     detail::launch_pdl("router_kernel", kernels::router::router_kernel<EPL, float>, grid, block, 0, stream, p);
 }
 
+// Token tiles of `rows` tokens go on grid y (at most 65535 of them): a larger T is launched in
+// chunks of whole tiles. launch(chunk params, token tiles) launches one chunk.
+template <class Launch>
+void for_each_token_chunk(const kernels::router::GateParams& p, int64_t rows, Launch&& launch) {
+  const int64_t chunk = 65535 * rows;
+  for (int64_t t0 = 0; t0 < p.tokens; t0 += chunk) {
+    kernels::router::GateParams c = p;
+    c.tokens = std::min(chunk, p.tokens - t0);
+    c.x = p.x + t0 * p.hidden;
+    c.logits = p.logits + t0 * p.experts;
+    launch(c, unsigned((c.tokens + rows - 1) / rows));
+  }
+}
+
 // Logits of a bf16 w_gate on the tensor cores (gate_gemm.cuh). The kernel and tile instance
 // follow T and E only for speed: every one sums each logit in the same order.
 template <int MT, int NT, bool kLooped>
@@ -41,18 +55,12 @@ void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
     MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
     return true;
   });
-  // Token tiles on grid y (at most 65535): larger T is launched in chunks.
-  constexpr int64_t kChunk = 65535 * int64_t(Tile::kRows);
   const unsigned e_tiles = unsigned((p.experts + Tile::kCols - 1) / Tile::kCols);
-  for (int64_t t0 = 0; t0 < p.tokens; t0 += kChunk) {
-    kr::GateParams c = p;
-    c.tokens = std::min(kChunk, p.tokens - t0);
-    c.x = p.x + t0 * p.hidden;
-    c.logits = p.logits + t0 * p.experts;
-    const dim3 grid(e_tiles * (kLooped ? 1 : kr::kGateSlices), unsigned((c.tokens + Tile::kRows - 1) / Tile::kRows));
+  for_each_token_chunk(p, Tile::kRows, [&](const kr::GateParams& c, unsigned token_tiles) {
+    const dim3 grid(e_tiles * (kLooped ? 1 : kr::kGateSlices), token_tiles);
     detail::launch_pdl(kLooped ? "gate_logits_looped_kernel" : "gate_logits_kernel", kernel, grid, dim3(32 * kr::kGateWarps),
                        size_t(Tile::kSmemBytes), stream, c);
-  }
+  });
 }
 
 // Prefill with E > 8: one pipelined CTA per 128 x 64 tile (gate_gemm.cuh), the same sums in the
@@ -79,17 +87,11 @@ bool gate_pipelined_fits(int64_t hidden) {
 void launch_gate_pipelined(const kernels::router::GateParams& p, cudaStream_t stream) {
   namespace kr = kernels::router;
   auto kernel = kr::gate_logits_pipelined_kernel<kGatePipeG, kGatePipeStages>;
-  constexpr int64_t kChunk = 65535 * int64_t(kr::kGatePipeRows);  // token tiles on grid y
   const unsigned e_tiles = unsigned((p.experts + kr::kGatePipeCols - 1) / kr::kGatePipeCols);
-  for (int64_t t0 = 0; t0 < p.tokens; t0 += kChunk) {
-    kr::GateParams c = p;
-    c.tokens = std::min(kChunk, p.tokens - t0);
-    c.x = p.x + t0 * p.hidden;
-    c.logits = p.logits + t0 * p.experts;
-    const dim3 grid(e_tiles, unsigned((c.tokens + kr::kGatePipeRows - 1) / kr::kGatePipeRows));
-    detail::launch_pdl("gate_logits_pipelined_kernel", kernel, grid, dim3(32 * kr::kGateWarps),
+  for_each_token_chunk(p, kr::kGatePipeRows, [&](const kr::GateParams& c, unsigned token_tiles) {
+    detail::launch_pdl("gate_logits_pipelined_kernel", kernel, dim3(e_tiles, token_tiles), dim3(32 * kr::kGateWarps),
                        size_t(gate_pipelined_smem(p.hidden)), stream, c);
-  }
+  });
 }
 
 // Decode (T <= 16): 16 x 8 tiles in clusters, w_gate spread over the most SMs. Up to 256 tokens:
