@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# Prepared for the next session's first device call (not yet run): everything once more at the
-# final commit of session 3, on the nvidia-h200-x2 kind if it is lent (EP with R = 2), else on one
-# H200 (the EP multi-rank test then skips, visibly). What session 3 did not re-run after its last
-# kernel change (the one-warp align): the GEMM tests (their inputs come from align, which its own
-# tests showed bitwise equal to the oracle) and the two-process EP test.
+# Prepared for the next session's first device call (not yet run): everything once more at session
+# 4's final commit. Not run on a GPU after it: the router launcher's shared token-chunk loop
+# (f70b1fe, host arithmetic only). On the nvidia-h200-x2 kind (if lent) the EP tests and bench
+# run with R = 2; the EP code did not change in session 4, but its local GEMMs did (claimed items).
 #   here:   scripts/stage-deps; cmake --build build -j2; mkdir -p .prebuilt;
 #           cp build/moekit build/tests/moekit_gpu_tests build/tests/moekit_cpu_tests .prebuilt/
 #   device: carry [".deps", ".prebuilt"], command "dev/next-session.sh"
 set -uo pipefail
 cd "$(dirname "$0")/.."
-timeout 560 scripts/gpu-check --prebuilt .prebuilt --tokens 1,4,16,64,1024,4096 --presets mixtral-8x7b,deepseek-v3 \
-  --ep-tokens 1,16,128,1024
+timeout 580 scripts/gpu-check --prebuilt .prebuilt --tokens 1,16,64,1024,4096,16384 \
+  --presets mixtral-8x7b,qwen3-30b-a3b,deepseek-v3 --ep-tokens 1,128,4096
