@@ -107,7 +107,9 @@ struct Workspace {
   Tensor router_logits;    // [T, E] f32: route()'s logits_scratch
   Tensor topk_ids;         // [T, k] i32
   Tensor topk_weights;     // [T, k] f32
-  Tensor sorted_ids;       // [max_rows] i32: assignment a = t*k+j, or T*k on padding rows
+  Tensor sorted_ids;       // [max_rows] i32: assignment a = t*k+j, or T*k on padding rows; in
+                           // each expert's rows its assignments come first, its padding after
+                           // (the wgmma GEMM skips a 64-row half whose first row is padding)
   Tensor block_expert;     // [max_blocks] i32: expert of each block_m-row block; -1 past the end
   Tensor num_rows_padded;  // [1] i32: rows actually used (a multiple of block_m)
   Tensor expert_counts;    // [E] i32: assignments per expert
