@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
   p.sorted_ids = ws.sorted_ids.as<const int32_t>();
   p.block_expert = ws.block_expert.as<const int32_t>();
   p.num_rows_padded = ws.num_rows_padded.as<const int32_t>();
+  p.tile_counter = ws.gemm_counter.as<int32_t>();
   p.num_assign = TK;
   p.topk = int(s.topk);
   Params up = p, down = p;

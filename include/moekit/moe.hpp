@@ -156,6 +156,9 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
            cudaStream_t stream);
 
 // ---- Stages 3-4: expert GEMMs ---------------------------------------------------------------
+// Both read the layout align wrote to ws. A caller that fills sorted_ids itself must keep
+// align's order within each expert: its assignments first, its padding (T*k) after — the prefill
+// (wgmma) kernel skips a 64-row half of a block whose first row is padding.
 // act[r] = silu(x[t]·W_gateᵀ) ⊙ (x[t]·W_upᵀ) for every sorted row r of assignment a, t = a/k.
 void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Workspace& ws,
                cudaStream_t stream);
