@@ -12,8 +12,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 timeout 450 scripts/gpu-check --prebuilt .prebuilt --tokens 1,64,1024,4096,16384 \
   --presets mixtral-8x7b,qwen3-30b-a3b,deepseek-v3 --ep-tokens 1,128,4096
+S=$(mktemp -d)/skew; mkdir -p $S  # the device returns at most 8 files: one archive for these
 for preset in mixtral-8x7b qwen3-30b-a3b deepseek-v3; do
   timeout 60 .prebuilt/moekit bench --preset $preset --tokens 4096,16384 --skew --no-baselines \
-    --json $OUT/bench-skew-$preset.json > $OUT/bench-skew-$preset.log 2>&1
-  echo "=== skew $preset rc=$?"; grep -E "^skew:|experts +moekit" $OUT/bench-skew-$preset.log
+    --json $S/bench-skew-$preset.json > $S/bench-skew-$preset.log 2>&1
+  echo "=== skew $preset rc=$?"; grep -E "^skew:|experts +moekit" $S/bench-skew-$preset.log
 done
+tar czf $OUT/skew.tgz -C $(dirname $S) skew
