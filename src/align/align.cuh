@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "align/align_launch.hpp"
+#include "align/layout_fill.cuh"
 #include "common/device.cuh"
 #include "moekit/moe.hpp"
 
@@ -234,12 +235,10 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
 
   // Fill: padding rows (fewer than block_m per expert) and block_expert, a warp per expert;
   // then block_expert = -1 past the last used block.
-  for (int e = warp; e < E; e += kWarps) {
-    const int32_t start = s_start[e], end = s_start[e + 1];
-    for (int32_t r = start + s_total[e] + lane; r < end; r += 32) p.sorted_ids[r] = int32_t(n);
-    for (int32_t b = start / p.block_m + lane; b < end / p.block_m; b += 32) p.block_expert[b] = e;
-  }
-  for (int64_t b = s_start[E] / p.block_m + tid; b < p.max_blocks; b += kThreads) p.block_expert[b] = -1;
+  for (int e = warp; e < E; e += kWarps)
+    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], p.block_m, int32_t(n),
+                     lane);
+  mark_unused_blocks(p.block_expert, s_start[E], p.block_m, p.max_blocks, tid, kThreads);
 
   // Pass 2: stable scatter of each warp's segment.
   if (warp < seg.active_warps)
@@ -317,13 +316,11 @@ __global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
   __syncthreads();
 
   // Fill, expert e by CTA e % G (a warp per expert), and block_expert = -1 past the end.
-  for (int e = c + warp * G; e < E; e += kWarps * G) {
-    const int32_t start = s_start[e], end = s_start[e + 1];
-    for (int32_t r = start + s_total[e] + lane; r < end; r += 32) p.sorted_ids[r] = int32_t(n);
-    for (int32_t b = start / p.block_m + lane; b < end / p.block_m; b += 32) p.block_expert[b] = e;
-  }
-  for (int64_t b = s_start[E] / p.block_m + int64_t(c) * kThreads + tid; b < p.max_blocks; b += int64_t(G) * kThreads)
-    p.block_expert[b] = -1;
+  for (int e = c + warp * G; e < E; e += kWarps * G)
+    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], p.block_m, int32_t(n),
+                     lane);
+  mark_unused_blocks(p.block_expert, s_start[E], p.block_m, p.max_blocks, int64_t(c) * kThreads + tid,
+                     int64_t(G) * kThreads);
 
   // Pass 2: this chunk's assignments at start + (CTAs before) + (warps before) + rank.
   if (warp < seg.active_warps)

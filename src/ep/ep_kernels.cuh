@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "align/layout_fill.cuh"
 #include "common/device.cuh"
 #include "moekit/moe.hpp"
 
@@ -184,12 +185,10 @@ __global__ void __launch_bounds__(kReceiveThreads) receive_layout_kernel(Receive
     const int32_t base = s_base[s * S + l];
     for (int32_t i = lane; i < s_count[s * S + l]; i += 32) p.sorted_ids[at + i] = base + i;
   }
-  for (int l = warp; l < S; l += kReceiveThreads / 32) {
-    const int32_t start = s_estart[l], end = s_estart[l + 1];
-    for (int32_t r = start + s_total[l] + lane; r < end; r += 32) p.sorted_ids[r] = p.sentinel;
-    for (int32_t b = start / p.block_m + lane; b < end / p.block_m; b += 32) p.block_expert[b] = l;
-  }
-  for (int64_t b = s_estart[S] / p.block_m + tid; b < p.max_blocks; b += kReceiveThreads) p.block_expert[b] = -1;
+  for (int l = warp; l < S; l += kReceiveThreads / 32)
+    align::fill_expert_rows(p.sorted_ids, p.block_expert, l, s_estart[l], s_estart[l + 1], s_total[l], p.block_m,
+                            p.sentinel, lane);
+  align::mark_unused_blocks(p.block_expert, s_estart[S], p.block_m, p.max_blocks, tid, kReceiveThreads);
 }
 
 }  // namespace moekit::kernels::ep
