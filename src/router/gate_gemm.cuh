@@ -35,6 +35,18 @@ __host__ __device__ constexpr int64_t gate_slice_width(int64_t hidden) {
   return (hidden + int64_t(kGateSlices) * kGateStep - 1) / (int64_t(kGateSlices) * kGateStep) * kGateStep;
 }
 
+// Slice r of H: columns [begin, end) in steps(r) steps of 32 (the last one partial); slices past
+// the end of H have none (begin and end are then meaningless).
+struct GateSlicing {
+  int64_t hidden, width;
+  __device__ explicit GateSlicing(int64_t h) : hidden(h), width(gate_slice_width(h)) {}
+  __device__ int64_t begin(int slice) const { return int64_t(slice) * width; }
+  __device__ int64_t end(int slice) const { return min(hidden, begin(slice) + width); }
+  __device__ int64_t steps(int slice) const {
+    return end(slice) > begin(slice) ? (end(slice) - begin(slice) + kGateStep - 1) / kGateStep : 0;
+  }
+};
+
 struct GateParams {
   const __nv_bfloat16* x;       // [T, H]
   const __nv_bfloat16* w_gate;  // [E, H]
@@ -86,9 +98,8 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
   const uint32_t stage = uint32_t(__cvta_generic_to_shared(my_smem));
   auto slot = [&](int u, int chunk) { return stage + uint32_t(((u * Tile::kChunks + chunk) * 32 + lane) * 16); };
   const int64_t H = p.hidden;
-  const int64_t width = gate_slice_width(H);
-  const int64_t k_begin = slice * width, k_end = min(H, k_begin + width);
-  const int64_t steps = k_end > k_begin ? (k_end - k_begin + kGateStep - 1) / kGateStep : 0;
+  const GateSlicing sl(H);
+  const int64_t k_begin = sl.begin(slice), k_end = sl.end(slice), steps = sl.steps(slice);
 
   // Rows this lane loads: tokens t0 + mt*16 + g (+8), experts e0 + nt*8 + g.
   const __nv_bfloat16* xr[MT][2];
@@ -290,14 +301,6 @@ __host__ __device__ constexpr int64_t gate_step_table_entries(int64_t hidden) {
   return (hidden + kGateStep - 1) / kGateStep + kGateSlices;
 }
 
-// The slices of H (as in warp_slice_partial): [begin, end), in whole 32-column steps.
-struct GateSlicing {
-  int64_t hidden, width;
-  __device__ explicit GateSlicing(int64_t h) : hidden(h), width(gate_slice_width(h)) {}
-  __device__ int64_t begin(int slice) const { return min(hidden, int64_t(slice) * width); }
-  __device__ int64_t end(int slice) const { return min(hidden, begin(slice) + width); }
-  __device__ int64_t steps(int slice) const { return (end(slice) - begin(slice) + kGateStep - 1) / kGateStep; }
-};
 
 // Steps of role w in a slice of `steps` steps.
 __device__ __forceinline__ int64_t gate_role_steps(int64_t steps, int w) {
