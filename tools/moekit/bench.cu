@@ -173,9 +173,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     return r;
   };
   // The aligned layout's padding: the GEMMs compute whole block_m-row blocks.
-  int64_t padded_rows = 0;
-  for (int64_t e = 0; e < E; ++e)
-    padded_rows += (chk.expert_counts[size_t(e)] + plan.block_m - 1) / plan.block_m * plan.block_m;
+  const int64_t padded_rows = chk.rows_padded;
   std::printf("plan: %s; %lld experts touched (%.1f MB of expert weights); %lld of %lld padded rows used (%.1f%%)%s%s%s\n",
               plan.str().c_str(), (long long)routed.touched_experts, double(touched_bytes) / 1e6, (long long)A,
               (long long)padded_rows, padded_rows > 0 ? 100.0 * double(A) / double(padded_rows) : 100.0,

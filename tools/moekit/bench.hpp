@@ -62,6 +62,7 @@ struct ForwardCheck {
   bool ok = false;
   std::vector<int32_t> topk_ids;      // [T, k] from the GPU router, every token (for baselines)
   std::vector<int32_t> expert_counts;  // [E] from the workspace
+  int32_t rows_padded = 0;             // the workspace's num_rows_padded: rows the GEMMs compute
   int64_t tokens_checked = 0;
   int64_t route_mismatches = 0;  // sampled tokens whose ids or weights differ in any bit
   double y_err_max = 0;          // worst per-token relative norm error of y

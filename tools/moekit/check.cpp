@@ -149,6 +149,7 @@ ForwardCheck ForwardOracle::check(const Workspace& ws, const Tensor& y, cudaStre
                             std::memcmp(topk_w.data(), topk_w_.data(), topk_w.size() * sizeof(float)) == 0;
   r.expert_counts.resize(size_t(E));
   to_host(r.expert_counts.data(), ws.expert_counts.data, E * 4);
+  to_host(&r.rows_padded, ws.num_rows_padded.data, 4);
   std::vector<int32_t> hist(size_t(E), 0);
   for (int32_t e : r.topk_ids)
     if (e >= 0 && e < E) ++hist[size_t(e)];
