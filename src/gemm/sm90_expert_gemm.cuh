@@ -100,17 +100,15 @@ __device__ __forceinline__ void publish_item(const Params& p, const Smem<Cfg>& s
     for (int w = 0; w < kConsumerWarpgroups; ++w) live |= int32_t(p.sorted_ids[row0 + w * kWgmmaM] < p.num_assign) << w;
   }
   ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.item_slot(ring.slot)), "r"(item) : "memory");
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.item_slot(ring.slot) + 4), "r"(live) : "memory");
+  ptx::st_shared_u32(sm.item_slot(ring.slot), item);
+  ptx::st_shared_u32(sm.item_slot(ring.slot) + 4, live);
   ptx::mbar_arrive(sm.item_full(ring.slot));
 }
 // Called by all 32 lanes of a warp: the next item.
 template <class Cfg>
 __device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
   ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
-  Item it;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(it.item) : "r"(sm.item_slot(ring.slot)) : "memory");
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(it.live) : "r"(sm.item_slot(ring.slot) + 4) : "memory");
+  const Item it{ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
   __syncwarp();
   if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
   ring.advance();

@@ -1,5 +1,6 @@
 // sm90_ptx.cuh — the Hopper PTX the wgmma expert GEMM (sm90_expert_gemm.cuh) is built from:
-// mbarriers, cp.async with mbarrier completion, TMA tile loads, wgmma and its fences, setmaxnreg.
+// shared-memory words, mbarriers, cp.async with mbarrier completion, TMA tile loads, wgmma and its
+// fences, setmaxnreg.
 // Thin wrappers, one instruction each; the protocol that combines them lives in the kernel.
 // Needs sm_90a (wgmma, setmaxnreg).
 #pragma once
@@ -13,6 +14,16 @@
 namespace moekit::kernels::sm90::ptx {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// ---- shared memory words (the work-item channel) --------------------------------------------------
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, int32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ int32_t ld_shared_u32(uint32_t addr) {
+  int32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 
 // ---- mbarrier ----------------------------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
