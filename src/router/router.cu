@@ -72,7 +72,9 @@ using GatePipeCfg = kernels::router::GatePipe<kGatePipeG, kGatePipeStages>;
 int64_t gate_pipelined_smem(int64_t hidden) {
   return GatePipeCfg::kSmemBytes + 8 * kernels::router::gate_step_table_entries(hidden);
 }
-// Whether this device runs the pipelined kernel for H (its step table in shared memory, int32 columns).
+// Whether this device runs the pipelined kernel for H (its step table in shared memory, int32
+// columns). The first call per device also raises the kernel's shared-memory limit to the device's
+// maximum, so every launch after a `true` may use gate_pipelined_smem(H).
 bool gate_pipelined_fits(int64_t hidden) {
   static detail::PerDevice<int64_t> optin;
   const int64_t limit = optin.get([](int device) {
@@ -98,8 +100,9 @@ void launch_gate_pipelined(const kernels::router::GateParams& p, cudaStream_t st
 // 32 x 32 (32 x 8 for E <= 8) tiles in clusters. Beyond: one CTA per 64 x 32 (64 x 8) tile walking
 // the slices (no cluster launched per few hundred MMAs); from kGatePipeMinCtas of its 128 x 64
 // tiles (E > 8), the pipelined kernel, which re-reads x and w_gate from L2 a quarter as often
-// but has 8x fewer CTAs (measured: DeepSeek-V3 T=1024, 32 CTAs, 2.5x slower than the looped
-// kernel; T=4096, 128 CTAs, 1.4x faster).
+// but has 8x fewer CTAs (measured on its first version, 1 step x 6 stages without the step
+// table: DeepSeek-V3 T=1024, 32 CTAs, 2.5x slower than the looped kernel; T=4096, 128 CTAs, 1.4x
+// faster; the threshold was not re-measured for the final 4 x 4 version).
 constexpr int64_t kGatePipeMinCtas = 64;
 void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
   namespace kr = kernels::router;
