@@ -125,10 +125,10 @@ __device__ __forceinline__ bool count_segments(const int32_t* __restrict__ topk_
 // Scan: s_start[e] = exclusive prefix of the block_m-padded totals (thread e holds total e; 0
 // past E), s_start[E] = their sum, written by thread E-1. Warp scans, then every warp scans the
 // warp sums itself (one barrier inside; the caller's next barrier publishes s_start).
-__device__ __forceinline__ void scan_padded_starts(int32_t total, int block_m, int E, int32_t* s_warp_sum,
+__device__ __forceinline__ void scan_padded_starts(int32_t total, Blocks blocks, int E, int32_t* s_warp_sum,
                                                    int32_t* s_start) {
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id(), tid = int(threadIdx.x);
-  const int32_t padded = (total + block_m - 1) / block_m * block_m;
+  const int32_t padded = blocks.pad(total);
   const int32_t incl = dev::warp_inclusive_sum(padded);
   if (lane == 31) s_warp_sum[warp] = incl;
   __syncthreads();
@@ -140,14 +140,14 @@ __device__ __forceinline__ void scan_padded_starts(int32_t total, int block_m, i
 }
 
 // ---- Decode: one warp ---------------------------------------------------------------------------
-// Up to kWarpMaxAssignments (8 rounds of 32; decode's T*k) the CTA kernel's cost is its chain of
+// Up to kWarpMaxAssignments (16 rounds of 32: decode's T*k up to Qwen3's T = 64) the CTA kernel's cost is its chain of
 // block-wide barriers and its 1024-thread launch, not its work: ncu measured 5.0 us for 2
 // assignments (E = 8) and 7.7 us for 8 (E = 256). One warp does the same passes with __syncwarp
 // only: the ids of every round are loaded together, each keeps its slot (running count before the
 // round + rank among its peers) in registers, the padded totals are scanned with each lane owning
 // a contiguous run of ceil(E/32) experts, and the fills and the scatter follow. Same order (rounds
 // ascending, lanes ascending): bitwise the CTA kernel's output.
-constexpr int kWarpRounds = 8;
+constexpr int kWarpRounds = 16;
 constexpr int kWarpMaxAssignments = 32 * kWarpRounds;
 
 __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
@@ -180,15 +180,16 @@ __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
     __syncwarp();
   }
   // Scan: lane L owns experts [L*per, L*per + per).
+  const Blocks blocks(p.block_m);
   const int per = (E + 31) / 32, first = min(E, lane * per), last = min(E, first + per);
   int32_t mine = 0;
-  for (int e = first; e < last; ++e) mine += (s_count[e] + p.block_m - 1) / p.block_m * p.block_m;
+  for (int e = first; e < last; ++e) mine += blocks.pad(s_count[e]);
   const int32_t incl = dev::warp_inclusive_sum(mine);
   int32_t at = incl - mine;
   for (int e = first; e < last; ++e) {  // few blocks per lane (at most n in all): scattered is fine
-    const int32_t end = at + (s_count[e] + p.block_m - 1) / p.block_m * p.block_m;
+    const int32_t end = at + blocks.pad(s_count[e]);
     s_start[e] = at;
-    for (int32_t b = at / p.block_m; b < end / p.block_m; ++b) p.block_expert[b] = e;
+    for (int32_t b = blocks.of(at); b < blocks.of(end); ++b) p.block_expert[b] = e;
     at = end;
   }
   const int32_t used = __shfl_sync(dev::kFullMask, incl, 31);
@@ -199,8 +200,13 @@ __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
   // row first set to padding (n) and then overwritten by pass 2 (a per-expert padding loop was
   // up to 15 scattered stores per expert per lane: ~1 us at 128 assignments).
   for (int e = lane; e < E; e += 32) p.expert_counts[e] = s_count[e];
-  for (int64_t b = used / p.block_m + lane; b < p.max_blocks; b += 32) p.block_expert[b] = -1;
-  for (int32_t r = lane; r < used; r += 32) p.sorted_ids[r] = n;
+  mark_unused_blocks(p.block_expert, used, blocks, p.max_blocks, lane, 32);
+  if ((reinterpret_cast<uintptr_t>(p.sorted_ids) & 15) == 0 && (used & 3) == 0) {  // 4 rows a store
+    const int4 pad = make_int4(n, n, n, n);
+    for (int32_t r = 4 * lane; r < used; r += 128) *reinterpret_cast<int4*>(p.sorted_ids + r) = pad;
+  } else {
+    for (int32_t r = lane; r < used; r += 32) p.sorted_ids[r] = n;
+  }
   __syncwarp();  // orders the padding stores before pass 2's, lane to lane
 #pragma unroll
   for (int i = 0; i < kWarpRounds; ++i)
@@ -229,16 +235,16 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
     s_total[tid] = total;
   }
 
-  scan_padded_starts(total, p.block_m, E, s_warp_sum, s_start);
+  scan_padded_starts(total, Blocks(p.block_m), E, s_warp_sum, s_start);
   if (tid == E - 1) *p.num_rows_padded = s_start[E];  // this thread wrote it
   __syncthreads();
 
   // Fill: padding rows (fewer than block_m per expert) and block_expert, a warp per expert;
   // then block_expert = -1 past the last used block.
   for (int e = warp; e < E; e += kWarps)
-    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], p.block_m, int32_t(n),
+    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], Blocks(p.block_m), int32_t(n),
                      lane);
-  mark_unused_blocks(p.block_expert, s_start[E], p.block_m, p.max_blocks, tid, kThreads);
+  mark_unused_blocks(p.block_expert, s_start[E], Blocks(p.block_m), p.max_blocks, tid, kThreads);
 
   // Pass 2: stable scatter of each warp's segment.
   if (warp < seg.active_warps)
@@ -311,15 +317,15 @@ __global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
   }
 
   // The scan of the padded totals (as the one-CTA kernel), in every CTA.
-  scan_padded_starts(total, p.block_m, E, s_warp_sum, s_start);
+  scan_padded_starts(total, Blocks(p.block_m), E, s_warp_sum, s_start);
   if (c == 0 && tid == E - 1) *p.num_rows_padded = s_start[E];  // this thread wrote it
   __syncthreads();
 
   // Fill, expert e by CTA e % G (a warp per expert), and block_expert = -1 past the end.
   for (int e = c + warp * G; e < E; e += kWarps * G)
-    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], p.block_m, int32_t(n),
+    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], Blocks(p.block_m), int32_t(n),
                      lane);
-  mark_unused_blocks(p.block_expert, s_start[E], p.block_m, p.max_blocks, int64_t(c) * kThreads + tid,
+  mark_unused_blocks(p.block_expert, s_start[E], Blocks(p.block_m), p.max_blocks, int64_t(c) * kThreads + tid,
                      int64_t(G) * kThreads);
 
   // Pass 2: this chunk's assignments at start + (CTAs before) + (warps before) + rank.

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kReceiveThreads) receive_layout_kernel(Receive
     int32_t t = 0;
     for (int s = 0; s < R; ++s) t += s_count[s * S + tid];
     s_total[tid] = t;
-    s_padded[tid] = (t + p.block_m - 1) / p.block_m * p.block_m;
+    s_padded[tid] = align::Blocks(p.block_m).pad(t);
     p.expert_counts[tid] = t;
   }
   __syncthreads();
@@ -186,9 +186,9 @@ __global__ void __launch_bounds__(kReceiveThreads) receive_layout_kernel(Receive
     for (int32_t i = lane; i < s_count[s * S + l]; i += 32) p.sorted_ids[at + i] = base + i;
   }
   for (int l = warp; l < S; l += kReceiveThreads / 32)
-    align::fill_expert_rows(p.sorted_ids, p.block_expert, l, s_estart[l], s_estart[l + 1], s_total[l], p.block_m,
+    align::fill_expert_rows(p.sorted_ids, p.block_expert, l, s_estart[l], s_estart[l + 1], s_total[l], align::Blocks(p.block_m),
                             p.sentinel, lane);
-  align::mark_unused_blocks(p.block_expert, s_estart[S], p.block_m, p.max_blocks, tid, kReceiveThreads);
+  align::mark_unused_blocks(p.block_expert, s_estart[S], align::Blocks(p.block_m), p.max_blocks, tid, kReceiveThreads);
 }
 
 }  // namespace moekit::kernels::ep

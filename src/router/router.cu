@@ -118,6 +118,11 @@ void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
 }
 }  // namespace
 
+// Selection with a CTA per token (router.cuh, router_cta_kernel) up to this T: decode and the
+// crossover, where a token's chain of dependent instructions on one warp is the router's latency.
+// Above it the warp-per-token kernel is kept (prefill's selection is throughput, not latency).
+constexpr int64_t kRouterCtaMaxTokens = 1024;
+
 void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Tensor& score_bias,
            const RouterOptions& opt, const Tensor& topk_ids, const Tensor& topk_weights,
            cudaStream_t stream, const Tensor& logits_scratch) {
@@ -192,7 +197,11 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
     }
     p.logits = logits_scratch.as<const float>();
   }
-  if (E <= 32) launch<1>(p, w_gate.dtype, stream);
+  if (p.logits != nullptr && E > 32 && E <= kernels::router::kCtaMaxExperts && T <= kRouterCtaMaxTokens) {
+    const unsigned threads = unsigned((E + 31) / 32 * 32);
+    detail::launch_pdl("router_cta_kernel", kernels::router::router_cta_kernel, dim3(unsigned(T)), dim3(threads), 0,
+                       stream, p);
+  } else if (E <= 32) launch<1>(p, w_gate.dtype, stream);
   else if (E <= 64) launch<2>(p, w_gate.dtype, stream);
   else if (E <= 128) launch<4>(p, w_gate.dtype, stream);
   else if (E <= 256) launch<8>(p, w_gate.dtype, stream);
