@@ -140,14 +140,16 @@ __device__ __forceinline__ void scan_padded_starts(int32_t total, Blocks blocks,
 }
 
 // ---- Decode: one warp ---------------------------------------------------------------------------
-// Up to kWarpMaxAssignments (16 rounds of 32: decode's T*k up to Qwen3's T = 64) the CTA kernel's cost is its chain of
+// Up to kWarpMaxAssignments (8 rounds of 32; decode's T*k) the CTA kernel's cost is its chain of
 // block-wide barriers and its 1024-thread launch, not its work: ncu measured 5.0 us for 2
 // assignments (E = 8) and 7.7 us for 8 (E = 256). One warp does the same passes with __syncwarp
 // only: the ids of every round are loaded together, each keeps its slot (running count before the
 // round + rank among its peers) in registers, the padded totals are scanned with each lane owning
 // a contiguous run of ceil(E/32) experts, and the fills and the scatter follow. Same order (rounds
-// ascending, lanes ascending): bitwise the CTA kernel's output.
-constexpr int kWarpRounds = 16;
+// ascending, lanes ascending): bitwise the CTA kernel's output. 16 rounds (512 ids) were tried
+// and lost to the CTA kernel in-graph (dev/s5-call4.sh: Qwen3 T=64 6.3 -> 9.8 us, DeepSeek-V3
+// 7.8 -> 10.5): the rounds are one serial chain of match_any and shared-memory updates.
+constexpr int kWarpRounds = 8;
 constexpr int kWarpMaxAssignments = 32 * kWarpRounds;
 
 __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {

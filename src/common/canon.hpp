@@ -97,6 +97,11 @@ MK_HD float exp(float x) {
 
 MK_HD float sigmoid(float x) { return div(1.0f, add(1.0f, exp(-x))); }
 
+// A routing weight as written: a NaN becomes the quiet NaN 0x7fc00000. A NaN's payload is not
+// defined across processors (the GPU's arithmetic makes 0x7fffffff, the host's keeps its input's),
+// so the weights' bitwise contract names one NaN.
+MK_HD float weight_out(float w) { return w != w ? bits_to_float(0x7fc00000u) : w; }
+
 // SwiGLU gate in FP32 (GEMM epilogue; tested by tolerance, so no bitwise contract).
 MK_HD float silu(float x) { return x / (1.0f + expf(-x)); }
 

@@ -152,7 +152,7 @@ Routing route(const float* logits, const float* bias, int64_t tokens, int64_t ex
       for (int j = 0; j < topk; ++j) s = canon::add(s, w[j]);
       for (int j = 0; j < topk; ++j) w[j] = canon::div(w[j], s);
     }
-    for (int j = 0; j < topk; ++j) w[j] = canon::mul(w[j], opt.routed_scaling_factor);
+    for (int j = 0; j < topk; ++j) w[j] = canon::weight_out(canon::mul(w[j], opt.routed_scaling_factor));
   }
   return r;
 }

@@ -118,10 +118,15 @@ void launch_gate(const kernels::router::GateParams& p, cudaStream_t stream) {
 }
 }  // namespace
 
-// Selection with a CTA per token (router.cuh, router_cta_kernel) up to this T: decode and the
-// crossover, where a token's chain of dependent instructions on one warp is the router's latency.
-// Above it the warp-per-token kernel is kept (prefill's selection is throughput, not latency).
+// Selection with a CTA per token (router.cuh, router_cta_kernel) for 128 < E <= 256 up to this T:
+// decode and the crossover, where a token's chain of dependent instructions on one warp is the
+// router's latency. Above it the warp-per-token kernel is kept (prefill's selection is throughput,
+// not latency). Measured in-graph (dev/s5-call4.sh, router = gate + selection): DeepSeek-V3
+// (E = 256, sigmoid, grouped) T=1 8.3 -> 7.4 us, but Qwen3 (E = 128, softmax) 4.8 -> 6.2 us: with 4
+// lanes' worth of experts a warp's chain is short, and the CTA's two top-k passes (each warp's,
+// then the merge) plus its barriers cost more than they save. So E <= 128 keeps router_kernel.
 constexpr int64_t kRouterCtaMaxTokens = 1024;
+constexpr int kRouterCtaMinExperts = 129;
 
 void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Tensor& score_bias,
            const RouterOptions& opt, const Tensor& topk_ids, const Tensor& topk_weights,
@@ -197,7 +202,8 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
     }
     p.logits = logits_scratch.as<const float>();
   }
-  if (p.logits != nullptr && E > 32 && E <= kernels::router::kCtaMaxExperts && T <= kRouterCtaMaxTokens) {
+  if (p.logits != nullptr && E >= kRouterCtaMinExperts && E <= kernels::router::kCtaMaxExperts &&
+      T <= kRouterCtaMaxTokens) {
     const unsigned threads = unsigned((E + 31) / 32 * 32);
     detail::launch_pdl("router_cta_kernel", kernels::router::router_cta_kernel, dim3(unsigned(T)), dim3(threads), 0,
                        stream, p);

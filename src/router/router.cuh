@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
   if (lane < p.topk) {
     float w = s_weight[warp][lane];
     if (p.renormalize) w = canon::div(w, sum);
-    p.topk_weights[t * p.topk + lane] = canon::mul(w, p.routed_scaling_factor);
+    p.topk_weights[t * p.topk + lane] = canon::weight_out(canon::mul(w, p.routed_scaling_factor));
   }
 }
 
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(kCtaMaxExperts) router_cta_kernel(Params p) {
   if (lane < k) {
     float w = s_weight[lane];
     if (p.renormalize) w = canon::div(w, sum);
-    p.topk_weights[t * k + lane] = canon::mul(w, p.routed_scaling_factor);
+    p.topk_weights[t * k + lane] = canon::weight_out(canon::mul(w, p.routed_scaling_factor));
   }
 }
 

@@ -192,15 +192,17 @@ TEST_F(RouterTest, NanLogitsStillGiveDistinctIds) {
   check({T, 64, E, k, Scoring::sigmoid, false, false, true, false, 0, 0, 1.0f}, logits);
 }
 
-// The CTA-per-token selection (router_cta_kernel: logits in memory, 32 < E <= 256, T <= 1024) and
-// the warp-per-token one on both sides of the switch, each bitwise the oracle: every group path
-// (size 32 by warp reductions, other sizes by the scan), odd warp counts, ties, NaNs.
+// The CTA-per-token selection (router_cta_kernel: logits in memory, 128 < E <= 256, T <= 1024) and
+// the warp-per-token one on both sides of each switch, each bitwise the oracle: every group path
+// (size 32 by warp reductions, other sizes by the scan), odd warp counts, ties, NaNs (whose weights
+// are written as one NaN, canon::weight_out).
 TEST_F(RouterTest, CtaPerTokenSelectionEveryPath) {
   for (int64_t T : {1, 1024, 1025}) check({T, 64, 256, 8, Scoring::sigmoid, true, true, true, false, 8, 4, 2.5f});
-  check({7, 64, 96, 6, Scoring::sigmoid, true, true, true, false, 12, 5, 1.0f});    // groups of 8, bias
+  check({7, 64, 160, 6, Scoring::sigmoid, true, true, true, false, 20, 5, 1.0f});   // groups of 8, bias
   check({7, 64, 160, 8, Scoring::softmax, true, false, true, false, 5, 2, 1.0f});   // 5 groups of 32, max
   check({5, 64, 200, 16, Scoring::softmax, false, false, true, false, 0, 0, 1.0f}); // 7 warps, k = 16
-  check({3, 64, 33, 2, Scoring::sigmoid, true, true, true, false, 0, 0, 1.0f});     // 2 warps, one expert in the second
+  check({3, 64, 129, 2, Scoring::sigmoid, true, true, true, false, 0, 0, 1.0f});    // one expert in warp 4
+  check({3, 64, 128, 2, Scoring::sigmoid, true, true, true, false, 0, 0, 1.0f});    // the warp kernel
   const int64_t T = 6, E = 256, k = 8;
   check({T, 64, E, k, Scoring::sigmoid, true, true, true, false, 8, 4, 1.0f}, std::vector<float>(size_t(T * E), 0.25f));
   std::vector<float> logits(static_cast<size_t>(T * E), 1.0f);
