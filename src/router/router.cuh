@@ -50,6 +50,32 @@ __device__ __forceinline__ Cand warp_best(Cand c) {
   return c;
 }
 
+// Grouped top-k for any group size, by the whole warp: lane g scans group g of `choice` (the
+// token's E selection values, in shared memory) for its best two, a group's value is their sum
+// with a score bias (else the best), and the topk_group best groups (lower group on a tie) are
+// the returned bit mask.
+__device__ __forceinline__ uint32_t groups_kept_by_scan(const float* choice, const Params& p, int group_size) {
+  const int lane = dev::lane_id();
+  Cand g{0.0f, -1};
+  if (lane < p.n_group) {
+    const float* c = choice + lane * group_size;
+    Cand a{0.0f, -1}, b{0.0f, -1};
+    for (int q = 0; q < group_size; ++q) {
+      const Cand x{c[q], q};
+      if (cand_before(x, a)) b = a, a = x;
+      else if (cand_before(x, b)) b = x;
+    }
+    g = {(p.score_bias != nullptr && group_size >= 2) ? canon::add(a.v, b.v) : a.v, lane};
+  }
+  uint32_t keep = 0;
+  for (int j = 0; j < p.topk_group; ++j) {
+    const Cand best = warp_best(g);
+    keep |= 1u << best.e;
+    if (lane == best.e) g.e = -1;
+  }
+  return keep;
+}
+
 // canon::ranks_before as an unsigned order: a larger key ranks first. Numbers map to [2, 2^32)
 // in numeric order (-0 is +0: they tie), NaN to 1 (below every number, NaNs tie), and 0 is
 // "not selectable". Ties between keys go to the lower expert id, as in ranks_before.
@@ -244,22 +270,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
       for (int i = 0; i < EPL; ++i)
         if (i * 32 + lane < E) s_choice[warp][i * 32 + lane] = choice[i];
       __syncwarp();
-      Cand g{0.0f, -1};
-      if (lane < p.n_group) {
-        const float* c = s_choice[warp] + lane * group_size;
-        Cand a{0.0f, -1}, b{0.0f, -1};
-        for (int q = 0; q < group_size; ++q) {
-          const Cand x{c[q], q};
-          if (cand_before(x, a)) b = a, a = x;
-          else if (cand_before(x, b)) b = x;
-        }
-        g = {(p.score_bias != nullptr && group_size >= 2) ? canon::add(a.v, b.v) : a.v, lane};
-      }
-      for (int j = 0; j < p.topk_group; ++j) {
-        const Cand best = warp_best(g);
-        keep_groups |= 1u << best.e;
-        if (lane == best.e) g.e = -1;
-      }
+      keep_groups = groups_kept_by_scan(s_choice[warp], p, group_size);
     }
 #pragma unroll
     for (int i = 0; i < EPL; ++i)
@@ -371,23 +382,8 @@ __global__ void __launch_bounds__(kCtaMaxExperts) router_cta_kernel(Params p) {
         keep_groups |= 1u << gb;
         if (unsigned(lane) == gb) gk = 0u;
       }
-    } else {  // router_kernel's scan: lane g walks group g
-      Cand g{0.0f, -1};
-      if (lane < p.n_group) {
-        const float* c = s_choice + lane * group_size;
-        Cand a{0.0f, -1}, b{0.0f, -1};
-        for (int q = 0; q < group_size; ++q) {
-          const Cand x{c[q], q};
-          if (cand_before(x, a)) b = a, a = x;
-          else if (cand_before(x, b)) b = x;
-        }
-        g = {(p.score_bias != nullptr && group_size >= 2) ? canon::add(a.v, b.v) : a.v, lane};
-      }
-      for (int j = 0; j < p.topk_group; ++j) {
-        const Cand best = warp_best(g);
-        keep_groups |= 1u << best.e;
-        if (lane == best.e) g.e = -1;
-      }
+    } else {
+      keep_groups = groups_kept_by_scan(s_choice, p, group_size);
     }
     if (valid && !((keep_groups >> (e / group_size)) & 1u)) key = 0u;
   }
