@@ -203,12 +203,28 @@ TEST_F(RouterTest, CtaPerTokenSelectionEveryPath) {
   check({5, 64, 200, 16, Scoring::softmax, false, false, true, false, 0, 0, 1.0f}); // 7 warps, k = 16
   check({3, 64, 129, 2, Scoring::sigmoid, true, true, true, false, 0, 0, 1.0f});    // one expert in warp 4
   check({3, 64, 128, 2, Scoring::sigmoid, true, true, true, false, 0, 0, 1.0f});    // the warp kernel
+  check({4, 64, 256, 8, Scoring::sigmoid, true, true, true, false, 4, 2, 1.0f});     // groups of 64
+  check({4, 64, 256, 8, Scoring::sigmoid, true, true, true, false, 32, 8, 1.0f});    // 32 groups of 8
+  check({4, 64, 160, 8, Scoring::softmax, true, false, true, false, 1, 1, 1.0f});    // one group
+  check({5, 64, 160, 8, Scoring::softmax, true, false, false, true, 0, 0, 1.0f});    // f32 w_gate via scratch
+  // router_kernel<8, void> above the switch: softmax, the general group scan, E not a multiple of 32.
+  check({1025, 64, 200, 8, Scoring::softmax, true, false, true, false, 0, 0, 1.0f});
+  check({1025, 64, 160, 6, Scoring::sigmoid, true, true, true, false, 20, 5, 1.0f});
   const int64_t T = 6, E = 256, k = 8;
+  // Finite ties inside and across warps (no bias): experts 30, 31, 62, 63, ... tie at the top.
+  std::vector<float> ties(static_cast<size_t>(T * E));
+  for (int64_t i = 0; i < T * E; ++i) ties[size_t(i)] = (i % E) % 32 >= 30 ? 1.0f : 0.0f;
+  check({T, 64, E, k, Scoring::softmax, true, false, true, false, 0, 0, 1.0f}, ties);
+  // Every score equal, no bias: the group keys tie too (lower groups, then lower ids win).
+  check({T, 64, E, k, Scoring::sigmoid, true, false, true, false, 8, 4, 1.0f}, std::vector<float>(size_t(T * E), 0.25f));
   check({T, 64, E, k, Scoring::sigmoid, true, true, true, false, 8, 4, 1.0f}, std::vector<float>(size_t(T * E), 0.25f));
+  // NaN logits: under softmax any NaN makes every weight NaN (the sum is NaN); under sigmoid NaNs
+  // rank below every number.
   std::vector<float> logits(static_cast<size_t>(T * E), 1.0f);
   for (int64_t i = 0; i < T * E; i += 3) logits[size_t(i)] = NAN;
   check({T, 64, E, k, Scoring::softmax, true, false, true, false, 0, 0, 1.0f}, logits);
   check({T, 64, E, k, Scoring::sigmoid, false, true, true, false, 8, 3, 1.0f}, logits);
+  check({T, 64, E, k, Scoring::sigmoid, false, false, true, false, 0, 0, 1.0f}, logits);
 }
 
 TEST_F(RouterTest, EmptyInputIsValid) {
