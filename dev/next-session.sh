@@ -2,7 +2,8 @@
 # Prepared for the next session's first device call (not yet run). Session 5's last device call
 # (dev/s5-final.sh) ran its kernels at 2600403; after it only 63eebb7 changed device code (one
 # grouped-top-k scan shared by both selection kernels: same operations, different register
-# allocation), so the GPU tests come first. Then the decode bench (small stages) and the prefill
+# allocation), and 2ff81fb added router test cases (ties, group shapes, NaNs, T = 1025), none run
+# yet, so the GPU tests come first. Then the decode bench (small stages) and the prefill
 # rows once more. The Python package's GPU tests have not run since session 3: run
 # `scripts/python-check` (PYTHON_BENCH=0) as the second call.
 #   here:   scripts/stage-deps; cmake --build build -j2; mkdir -p .prebuilt;
