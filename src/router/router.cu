@@ -10,6 +10,7 @@
 #include "common/validate.hpp"
 #include "router/gate_gemm.cuh"
 #include "router/router.cuh"
+#include "router/router_cta.cuh"
 
 namespace moekit {
 
