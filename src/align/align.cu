@@ -1,5 +1,5 @@
-// align.cu — stage 2 launcher: validates align()'s arguments; one launch: one CTA for decode
-// sizes, a cooperative grid above kAlignGridMinAssignments assignments.
+// align.cu — stage 2 launcher: validates align()'s arguments; one launch: one warp up to
+// kWarpMaxAssignments (decode), one CTA up to kAlignGridMinAssignments, a cooperative grid above.
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // align.cuh — stage 2: the expert-sorted, block_m-padded order of all T*k assignments, in one
-// launch with no host sync: one CTA (align_kernel) up to kAlignGridMinAssignments, a cooperative
-// grid (align_grid_kernel, below) above.
+// launch with no host sync: one warp (align_warp_kernel) for decode's few ids, one CTA
+// (align_kernel) up to kAlignGridMinAssignments, a cooperative grid (align_grid_kernel) above.
 //
 // The assignments are cut into rounds of 32 (one id per lane); each active warp owns a
 // contiguous segment of rounds. Pass 1: each active warp counts its segment per expert into a
@@ -237,16 +237,17 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
     s_total[tid] = total;
   }
 
-  scan_padded_starts(total, Blocks(p.block_m), E, s_warp_sum, s_start);
+  const Blocks blocks(p.block_m);
+  scan_padded_starts(total, blocks, E, s_warp_sum, s_start);
   if (tid == E - 1) *p.num_rows_padded = s_start[E];  // this thread wrote it
   __syncthreads();
 
   // Fill: padding rows (fewer than block_m per expert) and block_expert, a warp per expert;
   // then block_expert = -1 past the last used block.
   for (int e = warp; e < E; e += kWarps)
-    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], Blocks(p.block_m), int32_t(n),
+    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], blocks, int32_t(n),
                      lane);
-  mark_unused_blocks(p.block_expert, s_start[E], Blocks(p.block_m), p.max_blocks, tid, kThreads);
+  mark_unused_blocks(p.block_expert, s_start[E], blocks, p.max_blocks, tid, kThreads);
 
   // Pass 2: stable scatter of each warp's segment.
   if (warp < seg.active_warps)
@@ -319,15 +320,16 @@ __global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
   }
 
   // The scan of the padded totals (as the one-CTA kernel), in every CTA.
-  scan_padded_starts(total, Blocks(p.block_m), E, s_warp_sum, s_start);
+  const Blocks blocks(p.block_m);
+  scan_padded_starts(total, blocks, E, s_warp_sum, s_start);
   if (c == 0 && tid == E - 1) *p.num_rows_padded = s_start[E];  // this thread wrote it
   __syncthreads();
 
   // Fill, expert e by CTA e % G (a warp per expert), and block_expert = -1 past the end.
   for (int e = c + warp * G; e < E; e += kWarps * G)
-    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], Blocks(p.block_m), int32_t(n),
+    fill_expert_rows(p.sorted_ids, p.block_expert, e, s_start[e], s_start[e + 1], s_total[e], blocks, int32_t(n),
                      lane);
-  mark_unused_blocks(p.block_expert, s_start[E], Blocks(p.block_m), p.max_blocks, int64_t(c) * kThreads + tid,
+  mark_unused_blocks(p.block_expert, s_start[E], blocks, p.max_blocks, int64_t(c) * kThreads + tid,
                      int64_t(G) * kThreads);
 
   // Pass 2: this chunk's assignments at start + (CTAs before) + (warps before) + rank.

@@ -24,7 +24,8 @@ struct Params {
 }  // namespace moekit::kernels::align
 
 namespace moekit::detail {
-// Launches align on validated Params (align() and the EP path's send order): one CTA up to
-// kAlignGridMinAssignments assignments, else the cooperative grid (p.cta_counts must be set).
+// Launches align on validated Params (align() and the EP path's send order): one warp up to
+// kWarpMaxAssignments, one CTA up to kAlignGridMinAssignments, else the cooperative grid
+// (p.cta_counts must be set).
 void launch_align(kernels::align::Params p, cudaStream_t stream);
 }  // namespace moekit::detail

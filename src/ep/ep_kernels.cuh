@@ -157,6 +157,7 @@ __global__ void __launch_bounds__(kReceiveThreads) receive_layout_kernel(Receive
   __shared__ int32_t s_padded[kMaxExperts], s_estart[kMaxExperts + 1];  // per l
   __shared__ int32_t s_total[kMaxExperts];
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = dev::lane_id();
+  const align::Blocks blocks(p.block_m);
   for (int i = tid; i < n; i += kReceiveThreads) s_count[i] = p.counts[i];
   __syncthreads();
   if (warp == 0) warp_exclusive_scan(s_count, n, s_base);  // packed (s, l) order: prefill's base
@@ -164,7 +165,7 @@ __global__ void __launch_bounds__(kReceiveThreads) receive_layout_kernel(Receive
     int32_t t = 0;
     for (int s = 0; s < R; ++s) t += s_count[s * S + tid];
     s_total[tid] = t;
-    s_padded[tid] = align::Blocks(p.block_m).pad(t);
+    s_padded[tid] = blocks.pad(t);
     p.expert_counts[tid] = t;
   }
   __syncthreads();
@@ -186,9 +187,9 @@ __global__ void __launch_bounds__(kReceiveThreads) receive_layout_kernel(Receive
     for (int32_t i = lane; i < s_count[s * S + l]; i += 32) p.sorted_ids[at + i] = base + i;
   }
   for (int l = warp; l < S; l += kReceiveThreads / 32)
-    align::fill_expert_rows(p.sorted_ids, p.block_expert, l, s_estart[l], s_estart[l + 1], s_total[l], align::Blocks(p.block_m),
-                            p.sentinel, lane);
-  align::mark_unused_blocks(p.block_expert, s_estart[S], align::Blocks(p.block_m), p.max_blocks, tid, kReceiveThreads);
+    align::fill_expert_rows(p.sorted_ids, p.block_expert, l, s_estart[l], s_estart[l + 1], s_total[l], blocks, p.sentinel,
+                            lane);
+  align::mark_unused_blocks(p.block_expert, s_estart[S], blocks, p.max_blocks, tid, kReceiveThreads);
 }
 
 }  // namespace moekit::kernels::ep

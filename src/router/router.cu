@@ -1,5 +1,7 @@
-// router.cu — stage 1 launcher: validates route()'s arguments and picks the kernel instance
-// (experts per lane, w_gate dtype).
+// router.cu — stage 1 launcher: validates route()'s arguments, computes the logits on many CTAs
+// when a scratch is given (gate_gemm.cuh), then picks the selection kernel: a CTA per token
+// (router_cta.cuh) where that measured faster, else a warp per token (router.cuh) by experts per
+// lane and w_gate dtype.
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
