@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -178,6 +179,15 @@ TEST(RefRouteHand, NanScoresRankLast) {
   EXPECT_EQ(std::set<int32_t>(r.ids.begin(), r.ids.end()).size(), 4u);
   for (int32_t id : r.ids) EXPECT_TRUE(id >= 0 && id < 8) << id;
   for (float w : r.weights) EXPECT_TRUE(std::isnan(w));
+  // ... written as one NaN, 0x7fc00000 (canon::weight_out): NaN payloads differ between the host
+  // and the GPU, and the GPU kernels are compared with this oracle bit for bit.
+  for (float w : r.weights) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &w, 4);
+    EXPECT_EQ(bits, 0x7fc00000u);
+  }
+  EXPECT_EQ(canon::float_to_bits(canon::weight_out(-kNaN)), 0x7fc00000u);
+  EXPECT_EQ(canon::float_to_bits(canon::weight_out(-0.0f)), 0x80000000u);  // numbers pass unchanged
 }
 
 TEST_F(RefRoute, RenormalizeDividesByTheSumOfTheK) {
