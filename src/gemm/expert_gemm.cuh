@@ -18,6 +18,7 @@
 #include "common/canon.hpp"
 #include "common/async_copy.cuh"
 #include "common/device.cuh"
+#include "gemm/waves.hpp"
 
 namespace moekit::kernels::gemm {
 
@@ -242,10 +243,10 @@ __device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_
     }
 }
 
-// Persistent grid: a CTA walks work items (block, column tile) with a stride of the grid. The
-// number of used blocks is read from the device (no host sync, graph-safe). Items are ordered
-// in groups of kGroupBlocks blocks, column tiles outermost inside a group, so the CTAs running
-// at once share a few experts' B tiles and a few blocks' A rows in L2.
+// Persistent grid: a CTA walks work items (block, column tile) with a stride. The number of used
+// blocks is read from the device (no host sync, graph-safe). Items are ordered in groups of
+// kGroupBlocks blocks, column tiles outermost inside a group, so the CTAs running at once share a
+// few experts' B tiles and a few blocks' A rows in L2.
 constexpr int64_t kGroupBlocks = 8;
 
 template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
@@ -255,7 +256,9 @@ expert_gemm_kernel(const Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const int64_t blocks = *p.num_rows_padded / BM;
   const int64_t tiles = blocks * p.n_tiles;
-  for (int64_t item = blockIdx.x; item < tiles * p.k_splits; item += gridDim.x) {
+  const int64_t items = tiles * p.k_splits;
+  const int64_t stride = wave_stride(items, gridDim.x);
+  for (int64_t item = blockIdx.x; blockIdx.x < stride && item < items; item += stride) {
     const int split = int(item % p.k_splits);  // the K-slices of a tile run side by side
     const int64_t tile = item / p.k_splits;
     const int64_t group = tile / (kGroupBlocks * p.n_tiles);

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Session 6's last device call: the whole check (GPU tests, sanitizers, CPU tests) and the decode
+# rows T = 1-64 plus T = 4096 of every preset, with the even-wave rule of the mma.sync GEMM
+# (src/gemm/waves.hpp). Device time was short (~9 minutes left): no EP rows, no T = 1024 / 16384
+# (the prefill kernels did not change this session).
+#   here:   cmake --build build -j2; cp build/moekit build/tests/moekit_gpu_tests build/tests/moekit_cpu_tests .prebuilt/
+#   device: carry [".deps", ".prebuilt"], command "dev/s6-final.sh"
+set -uo pipefail
+cd "$(dirname "$0")/.."
+timeout 530 scripts/gpu-check --prebuilt .prebuilt --tokens 1,2,4,8,16,32,64,4096 \
+  --presets mixtral-8x7b,qwen3-30b-a3b,deepseek-v3 --ep-tokens none
