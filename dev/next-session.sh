@@ -3,9 +3,9 @@
 # H200 in session 6's last call (dev/s6-final.sh at bbe39e2: GPU tests, sanitizers, decode bench).
 # The Python package's GPU tests have not run since session 3, so they come first; then the one
 # decode experiment session 6 pointed to (NOTES "Known gaps": DRAM throughput still grew with the
-# CTA count at 264 x 60 KB in flight) — add X(16, 64, 128, 1, 4, 5) to MOEKIT_GEMM_CONFIGS
-# (src/gemm/configs.hpp; 2 CTAs an SM, 80 KB in flight each) before building, and `moekit tune`
-# weighs it at every decode T.
+# CTA count at 264 x 60 KB in flight) — a 5-stage 16x64 tile (2 CTAs an SM, 80 KB in flight each)
+# waits on branch exp/decode-5-stages (191ffd7, ptxas-clean): cherry-pick it before building, and
+# `moekit tune` weighs it at every decode T (GemmTest checks it against the oracle first).
 #   here:   scripts/stage-deps; cmake --build build -j2; mkdir -p .prebuilt;
 #           cp build/moekit build/tests/moekit_gpu_tests build/tests/moekit_cpu_tests .prebuilt/
 #   device: carry [".deps", ".prebuilt"], command "dev/next-session.sh" (up to ~9.5 minutes: split
