@@ -52,7 +52,8 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
     j["frac_read"] = r.TBps() / info.read_ceiling_TBps;
     j["frac_dense"] = r.TFLOPs() / info.dense_ceiling_TFLOPs;
     j["read_time_ms"] = r.read_time_ms ? json(*r.read_time_ms) : json(nullptr);
-    j["x_read_time"] = r.x_read_time() ? json(*r.x_read_time()) : json(nullptr);
+    const std::optional<double> x_read = r.x_read_time();
+    j["x_read_time"] = x_read ? json(*x_read) : json(nullptr);
     j["tokens_per_expert_max_over_mean"] = r.tokens_per_expert_max_over_mean;
     j["touched_experts"] = r.touched_experts;
     j["hidden"] = r.shape.hidden;
