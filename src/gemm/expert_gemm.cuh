@@ -82,71 +82,147 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// One output tile: rows [block*BM, +BM) of the aligned layout, columns n_tile of the output.
+// Work items are (block, column tile, K-slice) triples. Items are ordered in groups of
+// kGroupBlocks blocks, column tiles outermost inside a group, so the CTAs running at once share a
+// few experts' B tiles and a few blocks' A rows in L2; the K-slices of a tile run side by side.
+constexpr int64_t kGroupBlocks = 8;
+
+struct Item {
+  int64_t block, n_tile;
+  int split;
+};
+__device__ __forceinline__ Item item_at(const Params& p, int64_t item, int64_t blocks) {
+  Item it;
+  it.split = int(item % p.k_splits);
+  const int64_t tile = item / p.k_splits;
+  const int64_t group = tile / (kGroupBlocks * p.n_tiles);
+  const int64_t first = group * kGroupBlocks;
+  const int64_t in_group = min(kGroupBlocks, blocks - first);
+  const int64_t j = tile - group * kGroupBlocks * p.n_tiles;
+  it.block = first + j % in_group;
+  it.n_tile = j / in_group;
+  return it;
+}
+// K-tiles [kt0, kt0 + count) of a K-slice; a trailing slice may have none (its partials are 0).
+__device__ __forceinline__ int64_t split_k_tiles(const Params& p, int split, int64_t k_tiles_total, int64_t& kt0) {
+  kt0 = split * p.k_tiles_per_split;
+  return max(int64_t(0), min(p.k_tiles_per_split, k_tiles_total - kt0));
+}
+
+// Persistent grid: a CTA takes items blockIdx.x, + stride, ... (wave_stride). The number of used
+// blocks is read from the device (no host sync, graph-safe).
+//
+// The CTA's K-tiles over all its items form one stream through a `STAGES`-deep cp.async ring:
+// while the last K-tiles of an item are multiplied and its epilogue stores, the first K-tiles of
+// the next item are already in flight, so the weight stream does not drain at item boundaries (a
+// decode item is 6-56 K-tiles; a drained pipeline costs a memory round trip plus the epilogue).
+// The routing an item's loads need (its expert, the sorted ids of this thread's A rows) is
+// fetched one item ahead, and the ids of the epilogue's rows when its first K-tile is computed,
+// so an item change never waits on memory. Each tile is still summed in K order by one CTA, so
+// results are bitwise those of a tile-at-a-time loop. On the H200 (dev/s7-call2.sh, s7-call4.sh;
+// docs/perf/NOTES.md v20) this made the decode GEMMs 1-8% faster than a tile-at-a-time loop that
+// drained its pipeline at every item. The loader and the consumer are each inlined once: a first
+// version that also unrolled them into the prologue doubled the code (past 4,000 SASS
+// instructions) and cost the one-item-per-CTA layers (T = 1) 1.5-4.5 us of their launch overlap.
 template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
-__device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_t n_tile, int split,
-                                          unsigned char* smem_raw) {
+__global__ void __launch_bounds__(Tile<BM, BN, BK, WM, WN, STAGES>::kThreads, 1)
+expert_gemm_kernel(const Params p) {
   using Cfg = Tile<BM, BN, BK, WM, WN, STAGES>;
   constexpr int CH = Cfg::kChunks, MI = Cfg::MI, NI = Cfg::NI;
+  constexpr int kAI = Cfg::kAIters, kBI = Cfg::kBIters;
   constexpr int kColsPerTile = Cfg::template cols_per_tile<M>();
-
-  const int64_t row0 = block * BM;
-  const int expert = p.block_expert[block];
-  const int64_t n0 = n_tile * kColsPerTile;
-
+  dev::pdl_enter();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  int32_t* s_ids = reinterpret_cast<int32_t*>(smem_raw + size_t(STAGES) * Cfg::kStageElems * 2);
+  const int64_t blocks = *p.num_rows_padded / BM;
+  const int64_t items = blocks * p.n_tiles * p.k_splits;
+  const int64_t stride = wave_stride(items, gridDim.x);
+  if (blockIdx.x >= stride || blockIdx.x >= items) return;
+  const int64_t k_tiles_total = (p.k_dim + BK - 1) / BK;
   const int tid = int(threadIdx.x);
-  for (int r = tid; r < BM; r += Cfg::kThreads) s_ids[r] = p.sorted_ids[row0 + r];
-  __syncthreads();
 
-  // Per-thread source rows of its A and B chunks: fixed for the whole K loop.
-  const __nv_bfloat16* a_src[Cfg::kAIters];
-  bool a_ok[Cfg::kAIters];
+  // ---- Loader: issues the K-tiles of item ld_item, ld_kt .. ld_end (absolute K-tiles). It starts
+  // one stride before its first item with nothing left, so its first call moves it there.
+  int64_t ld_item = int64_t(blockIdx.x) - stride, ld_kt = 0, ld_end = 0;
+  const __nv_bfloat16* a_src[kAI];
+  bool a_ok[kAI];
+  const __nv_bfloat16* b_src[kBI];
+  bool b_ok[kBI];
+  // Routing of the item after ld_item (loaded one item ahead; unused past the last item).
+  Item nx_it{};
+  int nx_expert = 0;
+  int32_t nx_ids[kAI];
+  auto fetch_routing = [&](int64_t item) {
+    if (item >= items) return;
+    nx_it = item_at(p, item, blocks);
+    nx_expert = p.block_expert[nx_it.block];
 #pragma unroll
-  for (int i = 0; i < Cfg::kAIters; ++i) {
-    const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
-    const int64_t id = s_ids[r];
-    a_ok[i] = id < p.num_assign;
-    const int64_t src_row = M == Mode::Up ? (a_ok[i] ? id / p.topk : 0) : row0 + r;
-    a_src[i] = p.a + src_row * p.k_dim + c * 8;
-  }
-  const __nv_bfloat16* b_src[Cfg::kBIters];
-  bool b_ok[Cfg::kBIters];
-  const __nv_bfloat16* b_expert = p.b + int64_t(expert) * p.b_expert_stride;
+    for (int i = 0; i < kAI; ++i) nx_ids[i] = p.sorted_ids[nx_it.block * BM + (tid + i * Cfg::kThreads) / CH];
+  };
+  // Point this thread's chunk sources at item `it` (routing given), and set its K range.
+  auto bind = [&](const Item& it, int expert, const int32_t (&ids)[kAI]) {
+    const int64_t n = split_k_tiles(p, it.split, k_tiles_total, ld_kt);
+    ld_end = ld_kt + n;
 #pragma unroll
-  for (int i = 0; i < Cfg::kBIters; ++i) {
-    const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
-    int64_t n, b_row;
-    if constexpr (M == Mode::Up) {
-      n = n0 + (r < BN / 2 ? r : r - BN / 2);
-      b_row = r < BN / 2 ? n : p.n_dim + n;
-    } else {
-      n = n0 + r;
-      b_row = n;
+    for (int i = 0; i < kAI; ++i) {
+      const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
+      const int64_t id = ids[i];
+      a_ok[i] = id < p.num_assign;
+      const int64_t src_row = M == Mode::Up ? (a_ok[i] ? id / p.topk : 0) : it.block * BM + r;
+      a_src[i] = p.a + src_row * p.k_dim + c * 8;
     }
-    b_ok[i] = n < p.n_dim;
-    b_src[i] = b_expert + (b_ok[i] ? b_row : 0) * p.k_dim + c * 8;
-  }
-
-  auto load_stage = [&](int stage, int64_t kt) {
-    __nv_bfloat16* sa = smem + stage * Cfg::kStageElems;
-    __nv_bfloat16* sb = sa + BM * BK;
-    const int64_t k0 = kt * BK;
+    const int64_t n0 = it.n_tile * kColsPerTile;
+    const __nv_bfloat16* b_expert = p.b + int64_t(expert) * p.b_expert_stride;
 #pragma unroll
-    for (int i = 0; i < Cfg::kAIters; ++i) {
+    for (int i = 0; i < kBI; ++i) {
+      const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
+      int64_t col, b_row;
+      if constexpr (M == Mode::Up) {
+        col = n0 + (r < BN / 2 ? r : r - BN / 2);
+        b_row = r < BN / 2 ? col : p.n_dim + col;
+      } else {
+        col = n0 + r;
+        b_row = col;
+      }
+      b_ok[i] = col < p.n_dim;
+      b_src[i] = b_expert + (b_ok[i] ? b_row : 0) * p.k_dim + c * 8;
+    }
+  };
+  // Move the loader to the next item that has K-tiles (items of empty K-slices load nothing).
+  auto advance = [&]() {
+    do {
+      ld_item += stride;
+      if (ld_item >= items) return;
+      bind(nx_it, nx_expert, nx_ids);
+      fetch_routing(ld_item + stride);
+    } while (ld_kt == ld_end);
+  };
+  fetch_routing(blockIdx.x);
+  // Issue the next K-tile of the stream into ring slot `slot` (nothing once the stream is done).
+  // Every piece of the loader and the consumer is inlined once (one loop below, no unrolled
+  // prologue): the kernel's code stays as small as a tile-at-a-time loop's.
+  auto load_next = [&](int slot) {
+    if (ld_kt == ld_end) advance();
+    if (ld_item >= items) return;
+    __nv_bfloat16* sa = smem + slot * Cfg::kStageElems;
+    __nv_bfloat16* sb = sa + BM * BK;
+    const int64_t k0 = ld_kt * BK;
+#pragma unroll
+    for (int i = 0; i < kAI; ++i) {
       const int idx = tid + i * Cfg::kThreads, r = idx / CH, c = idx % CH;
       const bool ok = a_ok[i] && k0 + c * 8 < p.k_dim;
       cp_async16(smem_addr(sa + swz<BK>(r, c)), ok ? a_src[i] + k0 : p.a, ok ? 16u : 0u);
     }
 #pragma unroll
-    for (int i = 0; i < Cfg::kBIters; ++i) {
+    for (int i = 0; i < kBI; ++i) {
       const int idx = tid + i * Cfg::kThreads, r = idx / CH, c = idx % CH;
       const bool ok = b_ok[i] && k0 + c * 8 < p.k_dim;
       cp_async16(smem_addr(sb + swz<BK>(r, c)), ok ? b_src[i] + k0 : p.b, ok ? 16u : 0u);
     }
+    ++ld_kt;
   };
 
+  // ---- Consumer: multiplies the K-tiles of item c_item (c_left of them left), then stores it.
   const int warp = tid >> 5, lane = tid & 31;
   const int wm = warp / WN, wn = warp % WN;
   // smem row of B for n8 fragment f of this warp.
@@ -156,31 +232,91 @@ __device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_
     else
       return wn * Cfg::TN + f * 8;
   };
+  // Fragment (i, f) holds rows lane/4 and lane/4 + 8 of m16 tile i, columns 2*(lane%4) + {0,1}.
+  auto epi_row = [&](int i, int h) { return wm * Cfg::TM + i * 16 + (lane >> 2) + h * 8; };
 
   float acc[MI][NI][4];
+  auto zero_acc = [&]() {
 #pragma unroll
-  for (int i = 0; i < MI; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
-    for (int j = 0; j < NI; ++j)
+      for (int j = 0; j < NI; ++j)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+        for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+  };
+  zero_acc();
 
-  // This item's K-tiles: [kt0, kt0 + k_tiles) (all of K unless the down GEMM is split).
-  const int64_t kt0 = split * p.k_tiles_per_split;
-  const int64_t k_tiles = min(p.k_tiles_per_split, (p.k_dim + BK - 1) / BK - kt0);
+  int64_t c_item = int64_t(blockIdx.x) - stride, c_left = 0;
+  bool have_item = false;
+  Item c_it{};
+  int32_t epi_ids[MI][2];
+  auto epilogue = [&]() {
+    const int64_t row0 = c_it.block * BM;
+    const int64_t n0 = c_it.n_tile * kColsPerTile;
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s, kt0 + s);
-    cp_async_commit();
-  }
-  for (int64_t kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();  // stage kt landed for all threads; stage kt-1 is free to refill
-    const int64_t next = kt + STAGES - 1;
-    if (next < k_tiles) load_stage(int(next % STAGES), kt0 + next);
-    cp_async_commit();
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = epi_row(i, h);
+        const int64_t id = epi_ids[i][h];
+        if (id >= p.num_assign) continue;  // padding row
+        if constexpr (M == Mode::Up) {
+          __nv_bfloat16* out_row = p.out + (row0 + r) * p.n_dim;
+#pragma unroll
+          for (int f = 0; f < NI / 2; ++f) {
+            const int64_t n = n0 + wn * (Cfg::TN / 2) + f * 8 + (lane & 3) * 2;
+            if (n >= p.n_dim) continue;
+            const float* g = acc[i][f] + 2 * h;
+            const float* u = acc[i][f + NI / 2] + 2 * h;
+            *reinterpret_cast<uint32_t*>(out_row + n) =
+                pack_bf16(canon::silu(g[0]) * u[0], canon::silu(g[1]) * u[1]);
+          }
+        } else {
+          const float w = p.topk_weights[id];
+          __nv_bfloat16* out_row = p.out + id * p.n_dim;
+          float* partial_row = p.partials ? p.partials + (c_it.split * p.num_assign + id) * p.n_dim : nullptr;
+#pragma unroll
+          for (int f = 0; f < NI; ++f) {
+            const int64_t n = n0 + wn * Cfg::TN + f * 8 + (lane & 3) * 2;
+            if (n >= p.n_dim) continue;
+            const float* c = acc[i][f] + 2 * h;
+            if (partial_row)
+              *reinterpret_cast<float2*>(partial_row + n) = make_float2(c[0] * w, c[1] * w);
+            else
+              *reinterpret_cast<uint32_t*>(out_row + n) = pack_bf16(c[0] * w, c[1] * w);
+          }
+        }
+      }
+    zero_acc();
+  };
 
-    const __nv_bfloat16* sa = smem + int(kt % STAGES) * Cfg::kStageElems;
+  // Steps -(STAGES - 1) .. -1 only fill the ring; step >= 0 multiplies K-tile `step` of the stream.
+  for (int64_t step = 1 - STAGES;; ++step) {
+    if (step >= 0) {
+      while (c_left == 0) {  // the item is summed (or has no K-tiles): store it, take the next
+        if (have_item) epilogue();
+        have_item = true;
+        c_item += stride;
+        if (c_item >= items) {
+          cp_async_wait<0>();
+          return;
+        }
+        c_it = item_at(p, c_item, blocks);
+        int64_t kt0;
+        c_left = split_k_tiles(p, c_it.split, k_tiles_total, kt0);
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) epi_ids[i][h] = p.sorted_ids[c_it.block * BM + epi_row(i, h)];
+      }
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();  // K-tile `step` landed for all threads; the slot of step - 1 is free to refill
+    }
+    load_next(int((step + STAGES - 1) % STAGES));
+    cp_async_commit();
+    if (step < 0) continue;
+
+    const __nv_bfloat16* sa = smem + int(step % STAGES) * Cfg::kStageElems;
     const __nv_bfloat16* sb = sa + BM * BK;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
@@ -203,70 +339,7 @@ __device__ __forceinline__ void gemm_tile(const Params& p, int64_t block, int64_
 #pragma unroll
         for (int f = 0; f < NI; ++f) mma_bf16(acc[i][f], af[i], bf[f][0], bf[f][1]);
     }
-  }
-  cp_async_wait<0>();
-
-  // Epilogue: fragment (i, f) holds rows lane/4 and lane/4+8, columns 2*(lane%4) + {0,1}.
-#pragma unroll
-  for (int i = 0; i < MI; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = wm * Cfg::TM + i * 16 + (lane >> 2) + h * 8;
-      const int64_t id = s_ids[r];
-      if (id >= p.num_assign) continue;  // padding row
-      if constexpr (M == Mode::Up) {
-        __nv_bfloat16* out_row = p.out + (row0 + r) * p.n_dim;
-#pragma unroll
-        for (int f = 0; f < NI / 2; ++f) {
-          const int64_t n = n0 + wn * (Cfg::TN / 2) + f * 8 + (lane & 3) * 2;
-          if (n >= p.n_dim) continue;
-          const float* g = acc[i][f] + 2 * h;
-          const float* u = acc[i][f + NI / 2] + 2 * h;
-          *reinterpret_cast<uint32_t*>(out_row + n) =
-              pack_bf16(canon::silu(g[0]) * u[0], canon::silu(g[1]) * u[1]);
-        }
-      } else {
-        const float w = p.topk_weights[id];
-        __nv_bfloat16* out_row = p.out + id * p.n_dim;
-        float* partial_row = p.partials ? p.partials + (split * p.num_assign + id) * p.n_dim : nullptr;
-#pragma unroll
-        for (int f = 0; f < NI; ++f) {
-          const int64_t n = n0 + wn * Cfg::TN + f * 8 + (lane & 3) * 2;
-          if (n >= p.n_dim) continue;
-          const float* c = acc[i][f] + 2 * h;
-          if (partial_row)
-            *reinterpret_cast<float2*>(partial_row + n) = make_float2(c[0] * w, c[1] * w);
-          else
-            *reinterpret_cast<uint32_t*>(out_row + n) = pack_bf16(c[0] * w, c[1] * w);
-        }
-      }
-    }
-}
-
-// Persistent grid: a CTA walks work items (block, column tile) with a stride. The number of used
-// blocks is read from the device (no host sync, graph-safe). Items are ordered in groups of
-// kGroupBlocks blocks, column tiles outermost inside a group, so the CTAs running at once share a
-// few experts' B tiles and a few blocks' A rows in L2.
-constexpr int64_t kGroupBlocks = 8;
-
-template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
-__global__ void __launch_bounds__(Tile<BM, BN, BK, WM, WN, STAGES>::kThreads, 1)
-expert_gemm_kernel(const Params p) {
-  dev::pdl_enter();
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const int64_t blocks = *p.num_rows_padded / BM;
-  const int64_t tiles = blocks * p.n_tiles;
-  const int64_t items = tiles * p.k_splits;
-  const int64_t stride = wave_stride(items, gridDim.x);
-  for (int64_t item = blockIdx.x; blockIdx.x < stride && item < items; item += stride) {
-    const int split = int(item % p.k_splits);  // the K-slices of a tile run side by side
-    const int64_t tile = item / p.k_splits;
-    const int64_t group = tile / (kGroupBlocks * p.n_tiles);
-    const int64_t first = group * kGroupBlocks;
-    const int64_t in_group = min(kGroupBlocks, blocks - first);
-    const int64_t j = tile - group * kGroupBlocks * p.n_tiles;
-    gemm_tile<M, BM, BN, BK, WM, WN, STAGES>(p, first + j % in_group, j / in_group, split, smem_raw);
-    __syncthreads();  // the next item refills the stages and s_ids
+    --c_left;
   }
 }
 

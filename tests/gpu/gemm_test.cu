@@ -151,6 +151,18 @@ TEST_F(GemmTest, AdversarialRoutings) {
   }
 }
 
+// More work items than the persistent grid has CTAs (264-396 resident on an H200): each CTA's
+// K-stream runs across item and expert boundaries (the mma.sync kernel loads the next item's first
+// K-tiles while it finishes the current one), and with 8 slices of 5 K-tiles (10 for BK = 64) the
+// stream skips the empty trailing slices mid-way while their partials are still written as zeros.
+TEST_F(GemmTest, ManyItemsPerCta) {
+  for (const GemmConfig& cfg : compiled_gemm_configs()) {
+    if (cfg.kernel != GemmKernel::mma_sync) continue;  // the wgmma kernel claims items from a counter
+    run({1024, 128, 512, 8, 2, RoutingKind::Uniform}, cfg, false);
+    run({256, 512, 640, 8, 2, RoutingKind::Uniform}, cfg, true, 8);
+  }
+}
+
 // Split-K of the down GEMM: every slice count, K not a multiple of the slices or the tile, a slice
 // left with no K-tiles (F=192, BK=128: 2 K-tiles over 8 slices), adversarial routings.
 TEST_F(GemmTest, DownSplitK) {
