@@ -1,11 +1,12 @@
 // expert_gemm.cuh — stages 3 and 4: the fused expert GEMMs on the tensor cores (mma.sync bf16).
 //
-// A CTA owns one block_m-row block of the aligned layout (one expert: block_expert[b]) and one
-// column tile. Its rows come from sorted_ids: the up GEMM gathers x rows t = a/k inside the
-// A-operand load (padding rows are zero-filled by cp.async and masked on store); the down GEMM
-// reads act in sorted order. B is one expert's weights, K contiguous (w13 [2F,H], w2 [H,F]).
-// Operands stream global -> shared through a `Stages`-deep cp.async pipeline (16-byte chunks,
-// XOR-swizzled rows, ldmatrix-conflict-free), then ldmatrix + mma.m16n8k16 with FP32 accumulators.
+// A work item is one block_m-row block of the aligned layout (one expert: block_expert[b]), one
+// column tile and one K-slice; a persistent CTA takes several (expert_gemm_kernel). An item's rows
+// come from sorted_ids: the up GEMM gathers x rows t = a/k inside the A-operand load (padding rows
+// are zero-filled by cp.async and masked on store); the down GEMM reads act in sorted order. B is
+// one expert's weights, K contiguous (w13 [2F,H], w2 [H,F]). Operands stream global -> shared
+// through a `STAGES`-deep cp.async pipeline (16-byte chunks, XOR-swizzled rows,
+// ldmatrix-conflict-free), then ldmatrix + mma.m16n8k16 with FP32 accumulators.
 // Epilogues: Up — the tile's first half of columns is gate, the second half the same columns of
 // up, paired in registers: act = silu(g)·u. Down — multiply by the routing weight of the row's
 // assignment and store the row at a = sorted_ids[r].
@@ -55,6 +56,8 @@ struct Tile {
   static constexpr int kAIters = BM * kChunks / kThreads;
   static constexpr int kBIters = BN * kChunks / kThreads;
   static constexpr int kStageElems = (BM + BN) * BK;
+  // The BM * 4 bytes held the tile's sorted ids before the cross-item stream (v20) and are unused;
+  // kept because they are what ran on the device (they change no compiled config's CTAs per SM).
   static constexpr size_t kSmemBytes = size_t(STAGES) * kStageElems * 2 + size_t(BM) * 4;
   // Up: the tile's BN rows of B are BN/2 gate rows and the same BN/2 up rows.
   template <Mode M>
@@ -118,7 +121,8 @@ __device__ __forceinline__ int64_t split_k_tiles(const Params& p, int split, int
 // decode item is 6-56 K-tiles; a drained pipeline costs a memory round trip plus the epilogue).
 // The routing an item's loads need (its expert, the sorted ids of this thread's A rows) is
 // fetched one item ahead, and the ids of the epilogue's rows when its first K-tile is computed,
-// so an item change never waits on memory. Each tile is still summed in K order by one CTA, so
+// so an item change does not wait on memory (unless items are shorter than the ring, or a K-slice
+// is empty: the routing fetched for the next item is then used within a step). Each tile is still summed in K order by one CTA, so
 // results are bitwise those of a tile-at-a-time loop. On the H200 (dev/s7-call2.sh, s7-call4.sh;
 // docs/perf/NOTES.md v20) this made the decode GEMMs 1-8% faster than a tile-at-a-time loop that
 // drained its pipeline at every item. The loader and the consumer are each inlined once: a first

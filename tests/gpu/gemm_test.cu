@@ -151,15 +151,20 @@ TEST_F(GemmTest, AdversarialRoutings) {
   }
 }
 
-// More work items than the persistent grid has CTAs (264-396 resident on an H200): each CTA's
-// K-stream runs across item and expert boundaries (the mma.sync kernel loads the next item's first
-// K-tiles while it finishes the current one), and with 8 slices of 5 K-tiles (10 for BK = 64) the
-// stream skips the empty trailing slices mid-way while their partials are still written as zeros.
+// More work items than the persistent grid has CTAs (132-528 resident on an H200, by config):
+// each CTA's K-stream runs across item and expert boundaries (the mma.sync kernel loads the next
+// item's first K-tiles while it finishes the current one). Split-K: with 8 slices of 5 K-tiles (10
+// for BK = 64) three trailing slices are empty, but a grid stride that is a multiple of 8 gives
+// each CTA one slice only; with 5 slices of 4 K-tiles (8 for BK = 64) the last slice is empty and,
+// as no resident-CTA count on an H200 is a multiple of 5, a CTA's stream meets empty slices between
+// full ones (their partials are still written, as zeros) unless the even-wave rule picks such a
+// stride.
 TEST_F(GemmTest, ManyItemsPerCta) {
   for (const GemmConfig& cfg : compiled_gemm_configs()) {
     if (cfg.kernel != GemmKernel::mma_sync) continue;  // the wgmma kernel claims items from a counter
     run({1024, 128, 512, 8, 2, RoutingKind::Uniform}, cfg, false);
     run({256, 512, 640, 8, 2, RoutingKind::Uniform}, cfg, true, 8);
+    run({256, 512, 512, 8, 2, RoutingKind::Uniform}, cfg, true, 5);
   }
 }
 
