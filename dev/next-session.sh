@@ -8,7 +8,8 @@
 #   here:   cmake --build build -j2; mkdir -p .prebuilt;
 #           cp build/moekit build/tests/moekit_gpu_tests build/tests/moekit_cpu_tests .prebuilt/
 #   device: carry [".deps", ".prebuilt"], command "dev/next-session.sh" (~6-7 minutes); then copy
-#           $OUT/nvidia-h200.json over configs/nvidia-h200.json if the GEMM tests passed
+#           $OUT/nvidia-h200.json over configs/nvidia-h200.json if the GEMM tests passed.
+# Then dev/next-ncu.sh (~3 minutes): ncu of Mixtral's and DeepSeek-V3's decode GEMMs beside the read.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 L=$(mktemp -d)/logs
