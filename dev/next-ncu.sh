@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 M=gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed
 M=$M,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_read.sum
 M=$M,lts__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__occupancy_limit_registers
+M=$M,launch__occupancy_limit_shared_mem,launch__registers_per_thread  # vs configs/sm90-occupancy.txt
 for spec in "mixtral-8x7b 16" "deepseek-v3 16"; do
   set -- $spec
   # bench with 1 warm-up and 1 step: the check's GEMMs, then each timed stage once; -c bounds it.
