@@ -19,6 +19,7 @@
 #include "common/canon.hpp"
 #include "common/async_copy.cuh"
 #include "common/device.cuh"
+#include "gemm/item_order.hpp"
 #include "gemm/waves.hpp"
 
 namespace moekit::kernels::gemm {
@@ -85,26 +86,16 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Work items are (block, column tile, K-slice) triples. Items are ordered in groups of
-// kGroupBlocks blocks, column tiles outermost inside a group, so the CTAs running at once share a
-// few experts' B tiles and a few blocks' A rows in L2; the K-slices of a tile run side by side.
-constexpr int64_t kGroupBlocks = 8;
-
+// Work items are (block, column tile, K-slice) triples: the tiles in gemm/item_order.hpp's order,
+// the K-slices of a tile side by side.
 struct Item {
   int64_t block, n_tile;
   int split;
 };
 __device__ __forceinline__ Item item_at(const Params& p, int64_t item, int64_t blocks) {
-  Item it;
-  it.split = int(item % p.k_splits);
-  const int64_t tile = item / p.k_splits;
-  const int64_t group = tile / (kGroupBlocks * p.n_tiles);
-  const int64_t first = group * kGroupBlocks;
-  const int64_t in_group = min(kGroupBlocks, blocks - first);
-  const int64_t j = tile - group * kGroupBlocks * p.n_tiles;
-  it.block = first + j % in_group;
-  it.n_tile = j / in_group;
-  return it;
+  const int split = int(item % p.k_splits);
+  const GroupedTile<int64_t> t = grouped_tile(item / p.k_splits, blocks, p.n_tiles);
+  return {t.block, t.n_tile, split};
 }
 // K-tiles [kt0, kt0 + count) of a K-slice; a trailing slice may have none (its partials are 0).
 __device__ __forceinline__ int64_t split_k_tiles(const Params& p, int split, int64_t k_tiles_total, int64_t& kt0) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/canon.hpp"  // MK_HD
+#include "gemm/item_order.hpp"
 
 namespace moekit::kernels::sm90 {
 
@@ -141,21 +142,13 @@ MK_HD constexpr int epi_acc(int g, int i, int h) { return 4 * (4 * g + i) + 2 * 
 MK_HD constexpr int epi_store_col(int g, int q) { return 8 * (4 * g + q); }
 
 // ---- persistent schedule -------------------------------------------------------------------------
-// Work item -> (block, column tile), identical to the mma.sync kernel's order (expert_gemm.cuh):
-// groups of kGroupBlocks blocks, column tiles outermost inside a group, so the CTAs running at once
-// share a few experts' B tiles and a few blocks' A rows in L2.
-inline constexpr int kGroupBlocks = 8;
-struct TileCoord {
-  int32_t block, n_tile;
-};
+// Work item -> (block, column tile): the order of both expert GEMMs (gemm/item_order.hpp).
+using gemm::kGroupBlocks;
+using TileCoord = gemm::GroupedTile<int32_t>;
 // 32-bit on purpose: items = blocks · n_tiles stays far below 2^31 (blocks <= rows / 128 with rows
 // indexed by int32 sorted_ids), and 64-bit division would cost the producer's few registers.
 MK_HD constexpr TileCoord item_to_tile(int32_t item, int32_t blocks, int32_t n_tiles) {
-  const int32_t group = item / (kGroupBlocks * n_tiles);
-  const int32_t first = group * kGroupBlocks;
-  const int32_t in_group = blocks - first < kGroupBlocks ? blocks - first : kGroupBlocks;
-  const int32_t j = item - group * kGroupBlocks * n_tiles;
-  return {first + j % in_group, j / in_group};
+  return gemm::grouped_tile(item, blocks, n_tiles);
 }
 
 }  // namespace moekit::kernels::sm90

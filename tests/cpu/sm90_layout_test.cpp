@@ -220,11 +220,14 @@ TEST(Sm90Schedule, ItemsMapOntoEveryTileOnceInTheMmaSyncKernelsOrder) {
         const TileCoord t = item_to_tile(item, blocks, n_tiles);
         ASSERT_TRUE(t.block >= 0 && t.block < blocks && t.n_tile >= 0 && t.n_tile < n_tiles);
         seen.insert({t.block, t.n_tile});
-        // expert_gemm.cuh's loop, in 64 bits.
+        // The order written out in 64 bits, and the mma.sync kernel's 64-bit instance of it.
         const int64_t group = item / (8 * int64_t(n_tiles)), first = group * 8;
         const int64_t in_group = std::min<int64_t>(8, blocks - first), j = item - group * 8 * n_tiles;
         ASSERT_EQ(t.block, first + j % in_group);
         ASSERT_EQ(t.n_tile, j / in_group);
+        const gemm::GroupedTile<int64_t> t64 = gemm::grouped_tile<int64_t>(item, blocks, n_tiles);
+        ASSERT_EQ(t64.block, t.block);
+        ASSERT_EQ(t64.n_tile, t.n_tile);
       }
       ASSERT_EQ(int64_t(seen.size()), int64_t(blocks) * n_tiles);
     }
