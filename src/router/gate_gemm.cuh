@@ -269,7 +269,6 @@ __global__ void __launch_bounds__(32 * kGateWarps) gate_logits_looped_kernel(Gat
   }
 }
 
-
 // ---- Prefill with many experts: a pipelined CTA per 128 x 64 tile ---------------------------------
 // The looped kernel keeps the order's structure in its threads (warp w sums the steps s ≡ w mod
 // kGateWarps of every slice, for a 64 x 32 tile): each CTA waits for 16 serial batches of loads at
@@ -300,7 +299,6 @@ struct GatePipe {
 __host__ __device__ constexpr int64_t gate_step_table_entries(int64_t hidden) {
   return (hidden + kGateStep - 1) / kGateStep + kGateSlices;
 }
-
 
 // Steps of role w in a slice of `steps` steps.
 __device__ __forceinline__ int64_t gate_role_steps(int64_t steps, int w) {
@@ -381,34 +379,28 @@ __global__ void __launch_bounds__(32 * kGateWarps, 1) gate_logits_pipelined_kern
   for (int st = 0; st < STAGES - 1; ++st) load_stage(st);
 
   float P[2][4][4], V[2][4][4], S[2][4][4];
+  // f(mt, nt, i) for every accumulator element of this warp's 32 x 32.
+  auto each_acc = [](auto&& f) {
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) P[mt][nt][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) f(mt, nt, i);
+  };
+  each_acc([&](int mt, int nt, int i) { P[mt][nt][i] = 0.0f; });
   // The consumer's place in the order: slice r, role w, `left` steps of the role to go. Closing a
   // role folds P into V (and, at the slice's end, V into S); roles without a step fold a zero P.
   int r = 0, w = 0;
   int64_t left = gate_role_steps(sl.steps(0), 0);
   auto close_roles = [&] {
     while (r < kGateSlices && left == 0) {
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            V[mt][nt][i] = w == 0 ? P[mt][nt][i] : canon::add(V[mt][nt][i], P[mt][nt][i]);
-            P[mt][nt][i] = 0.0f;
-          }
+      each_acc([&](int mt, int nt, int i) {
+        V[mt][nt][i] = w == 0 ? P[mt][nt][i] : canon::add(V[mt][nt][i], P[mt][nt][i]);
+        P[mt][nt][i] = 0.0f;
+      });
       if (++w == kGateWarps) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) S[mt][nt][i] = r == 0 ? V[mt][nt][i] : canon::add(S[mt][nt][i], V[mt][nt][i]);
+        each_acc([&](int mt, int nt, int i) { S[mt][nt][i] = r == 0 ? V[mt][nt][i] : canon::add(S[mt][nt][i], V[mt][nt][i]); });
         w = 0, ++r;
       }
       if (r < kGateSlices) left = gate_role_steps(sl.steps(r), w);
