@@ -5,16 +5,14 @@
 // a table can never name a kernel that does not exist. Host-only: no device code here.
 #pragma once
 
-// NOTES: decode GEMMs run in whole waves of resident CTAs, each streaming at its pipeline's rate:
-// Mixtral T=1's up GEMM is 896 16x64 tiles on 264 resident CTAs (2 per SM), 3.39 waves, and it
-// runs at ~3.39/4 of the read rate; the 16x32 tile (1792 tiles, 4 per SM) has the same ratio,
-// which is why tuning it gained ~1%. The 3-stage 16x64 tile fits 3 CTAs per SM (61 KB, 168
-// registers), another wave count for `moekit tune` to choose per shape (Qwen3 T=1: 384 tiles on 396
-// resident CTAs). The heuristic keeps the first 16-row config. block_m is the row granularity of the aligned layout, so one forward uses one block_m
-// for both GEMMs. 16 rows: decode, bound by reading weights (padding is nearly free). 32 rows:
-// experts with 17-32 rows read their weights once (Mixtral T=64: 0.724 -> 0.685 ms, picked by
-// `moekit tune`; a 32 x 128 tile won nowhere and is not compiled).
-// 64/128 rows: prefill, bound by tensor-core math (fewer B-tile re-reads per FLOP).
+// block_m is the row granularity of the aligned layout, so one forward uses one block_m for both
+// GEMMs. 16 rows: decode, bound by reading weights (padding is nearly free); the three 16-row
+// tiles differ in CTAs per SM (2, 4 and 3: configs/sm90-occupancy.txt, checked on every build),
+// which `moekit tune` weighs per shape; the heuristic keeps the first. 32 rows: experts with 17-32
+// rows read their weights once (Mixtral T=64: 0.724 -> 0.685 ms, NOTES v17; a 32 x 128
+// tile won nowhere and is not compiled). 64/128 rows: prefill, bound by tensor-core math (fewer
+// B-tile re-reads per FLOP). How the decode tiles' waves and tails cost: docs/perf/NOTES.md v11,
+// v12, v19, v20.
 #define MOEKIT_GEMM_CONFIGS(X) \
   X(16, 64, 128, 1, 4, 4)      \
   X(16, 32, 128, 1, 2, 4)      \
