@@ -62,6 +62,13 @@ struct GateParams {
 
 // u32 j (0..3) of a 16-byte vector.
 __device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+// Half j of a step (a lane's columns 4j..4j+3 of its 8) as one m16n8k16 MMA: x rows g and g + 8
+// (x_lo, x_hi) against w_gate row g, the same k slots on both sides (warp_slice_partial).
+__device__ __forceinline__ void mma_step_half(float (&acc)[4], const uint4& x_lo, const uint4& x_hi, const uint4& w,
+                                              int j) {
+  const uint32_t a[4] = {word(x_lo, 2 * j), word(x_hi, 2 * j), word(x_lo, 2 * j + 1), word(x_hi, 2 * j + 1)};
+  dev::mma_bf16(acc, a, word(w, 2 * j), word(w, 2 * j + 1));
+}
 
 // Dynamic shared memory of an instance: the per-warp load staging, which the warp partials
 // reuse after the main loop. MT: 16-token row tiles per CTA; NT: 8-expert column tiles.
@@ -170,11 +177,7 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint32_t a[4] = {word(xv[mt][0], 2 * j), word(xv[mt][1], 2 * j), word(xv[mt][0], 2 * j + 1),
-                                   word(xv[mt][1], 2 * j + 1)};
-            dev::mma_bf16(acc[mt][nt], a, word(wv[nt], 2 * j), word(wv[nt], 2 * j + 1));
-          }
+          for (int nt = 0; nt < NT; ++nt) mma_step_half(acc[mt][nt], xv[mt][0], xv[mt][1], wv[nt], j);
     }
   }
   __syncwarp();  // staging reads done before the partial overwrites it
@@ -432,11 +435,7 @@ __global__ void __launch_bounds__(32 * kGateWarps, 1) gate_logits_pipelined_kern
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            const uint32_t a[4] = {word(xv[mt][0], 2 * j), word(xv[mt][1], 2 * j), word(xv[mt][0], 2 * j + 1),
-                                   word(xv[mt][1], 2 * j + 1)};
-            dev::mma_bf16(P[mt][nt], a, word(wv[nt], 2 * j), word(wv[nt], 2 * j + 1));
-          }
+          for (int nt = 0; nt < 4; ++nt) mma_step_half(P[mt][nt], xv[mt][0], xv[mt][1], wv[nt], j);
       --left;
       close_roles();
     }
