@@ -57,9 +57,7 @@ struct Tile {
   static constexpr int kAIters = BM * kChunks / kThreads;
   static constexpr int kBIters = BN * kChunks / kThreads;
   static constexpr int kStageElems = (BM + BN) * BK;
-  // The BM * 4 bytes held the tile's sorted ids before the cross-item stream (v20) and are unused;
-  // kept because they are what ran on the device (they change no compiled config's CTAs per SM).
-  static constexpr size_t kSmemBytes = size_t(STAGES) * kStageElems * 2 + size_t(BM) * 4;
+  static constexpr size_t kSmemBytes = size_t(STAGES) * kStageElems * 2;
   // Up: the tile's BN rows of B are BN/2 gate rows and the same BN/2 up rows.
   template <Mode M>
   static constexpr int cols_per_tile() { return M == Mode::Up ? BN / 2 : BN; }
