@@ -102,8 +102,11 @@ MK_HD float sigmoid(float x) { return div(1.0f, add(1.0f, exp(-x))); }
 // so the weights' bitwise contract names one NaN.
 MK_HD float weight_out(float w) { return w != w ? bits_to_float(0x7fc00000u) : w; }
 
-// SwiGLU gate in FP32 (GEMM epilogue; tested by tolerance, so no bitwise contract).
-MK_HD float silu(float x) { return x / (1.0f + expf(-x)); }
+// SwiGLU gate in FP32 (GEMM epilogue; tested by tolerance, so no bitwise contract between the
+// processors). The add and the division are explicit so that nvcc cannot contract the add into
+// expf's last multiply in one kernel and not in another: dev::silu_group (common/silu.cuh) gives
+// these bits without the division's branch.
+MK_HD float silu(float x) { return div(x, add(1.0f, expf(-x))); }
 
 // Selection order of the router: a higher score wins; equal scores: the lower expert id wins.
 // NaN scores rank below every number, so k distinct experts are always chosen.

@@ -19,6 +19,7 @@
 #include "common/canon.hpp"
 #include "common/async_copy.cuh"
 #include "common/device.cuh"
+#include "common/silu.cuh"
 #include "gemm/item_order.hpp"
 #include "gemm/waves.hpp"
 
@@ -261,8 +262,10 @@ expert_gemm_kernel(const Params p) {
             if (n >= p.n_dim) continue;
             const float* g = acc[i][f] + 2 * h;
             const float* u = acc[i][f + NI / 2] + 2 * h;
-            *reinterpret_cast<uint32_t*>(out_row + n) =
-                pack_bf16(canon::silu(g[0]) * u[0], canon::silu(g[1]) * u[1]);
+            const float gate[2] = {g[0], g[1]};
+            float silu[2];
+            dev::silu_group(gate, silu);  // canon::silu's bits without its division's branch
+            *reinterpret_cast<uint32_t*>(out_row + n) = pack_bf16(silu[0] * u[0], silu[1] * u[1]);
           }
         } else {
           const float w = p.topk_weights[id];

@@ -39,6 +39,7 @@
 
 #include "common/canon.hpp"
 #include "common/device.cuh"  // pdl_enter
+#include "common/silu.cuh"
 #include "gemm/expert_gemm.cuh"  // Mode, Params: the contract both expert GEMMs share
 #include "gemm/sm90_layout.hpp"
 #include "gemm/sm90_ptx.cuh"
@@ -184,11 +185,14 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
 // ---- consumer warpgroups: mainloop -------------------------------------------------------------
 // acc = A[64 rows of this warpgroup] · B[BN]ᵀ over the whole K of one tile.
 // A warpgroup whose rows are all padding (live = false) only releases the stages.
-template <class Cfg>
+// after_first_step() runs once the first k-step's wgmma group is issued (the epilogue's loads go
+// there: see consume).
+template <class Cfg, class Hook>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                          uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
-                                         bool live) {
+                                         bool live, Hook&& after_first_step) {
   if (!live) {
+    after_first_step();
     for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
       ptx::mbar_wait(sm.full(pipe.stage), pipe.phase);
       __syncwarp();
@@ -221,6 +225,8 @@ __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cf
       ptx::wgmma_wait<1>();  // the previous stage's group is done: hand that stage back
       ptx::fence_operands(acc);
       if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
+    } else {
+      after_first_step();
     }
     prev_stage = stage;
   }
@@ -248,12 +254,18 @@ __device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[C
 #pragma unroll
   for (int g = 0; g < kOutBlocks / 4; ++g) {
     uint32_t x[4];
+    float gate[8], silu[8];  // Up: the 8 gate values of this group, their SiLUs as one group
+    if constexpr (M == Mode::Up) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) gate[2 * i] = acc[epi_acc(g, i, h)], gate[2 * i + 1] = acc[epi_acc(g, i, h) + 1];
+      dev::silu_group(gate, silu);
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int v = epi_acc(g, i, h);          // accumulators of block 4g+i, this row half
       if constexpr (M == Mode::Up) {
         const int u = v + 4 * kUpBlock0;        // the same column of the up half
-        x[i] = pack_bf16x2(canon::silu(acc[v]) * acc[u], canon::silu(acc[v + 1]) * acc[u + 1]);
+        x[i] = pack_bf16x2(silu[2 * i] * acc[u], silu[2 * i + 1] * acc[u + 1]);
       } else {
         x[i] = pack_bf16x2(acc[v] * weight, acc[v + 1] * weight);
       }
@@ -277,25 +289,41 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
 #pragma unroll
   for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
 
+  // This thread's two output rows of a tile (acc_row for v%4 = 0 and 2) and, for Down, their
+  // routing weights. A load still in flight when a k-step's proxy fence runs stalls the fence (it
+  // compiles to MEMBAR.ALL.CTA, which waits for this thread's memory operations): the next tile's
+  // ids are loaded before
+  // this tile's epilogue (which hides their latency), and the weights, which need the ids, under
+  // the next tile's first k-step (the second k-step's fence is ~1k cycles later). Loaded at the
+  // tile's start as before, the ids -> weights chain was exposed at every tile (~0.5-1k cycles).
+  auto load_ids = [&](int32_t item, int32_t(&ids)[2]) {
+    const int32_t row0 = item_to_tile(item, blocks, int32_t(p.n_tiles)).block * kBlockM;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) ids[h] = p.sorted_ids[row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h)];
+  };
+
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
-  for (;;) {
-    const Item it = take_item(sm, ring, lane);
-    if (it.item >= items) break;
+  Item it = take_item(sm, ring, lane);
+  int32_t ids[2] = {0, 0};
+  if (it.item < items) load_ids(it.item, ids);
+  while (it.item < items) {
     const TileCoord tile = item_to_tile(it.item, blocks, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
     const bool live = (it.live >> wg) & 1;
-    // This thread's two output rows (acc_row for v%4 = 0 and 2), read before the K loop hides it.
-    int32_t ids[2];
     float weights[2] = {0.0f, 0.0f};
+    mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, [&] {
+      if constexpr (M == Mode::Down) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      ids[h] = p.sorted_ids[row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h)];
-      if constexpr (M == Mode::Down)
-        if (ids[h] < p.num_assign) weights[h] = p.topk_weights[ids[h]];
-    }
+        for (int h = 0; h < 2; ++h)
+          if (ids[h] < p.num_assign) weights[h] = p.topk_weights[ids[h]];
+      }
+    });
 
-    mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live);
+    // The next item (the producer published it after issuing this tile's last loads) and its ids.
+    const Item next = take_item(sm, ring, lane);
+    int32_t next_ids[2] = {0, 0};
+    if (next.item < items) load_ids(next.item, next_ids);
 
     const int32_t n0 = tile.n_tile * Cfg::cols_per_tile(M == Mode::Up);
 #pragma unroll
@@ -304,6 +332,8 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
       const int32_t out_row = M == Mode::Up ? row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h) : ids[h];
       store_rows<M, Cfg>(p, acc, h, ids[h], weights[h], out_row, n0, lane);
     }
+    it = next;
+    ids[0] = next_ids[0], ids[1] = next_ids[1];
   }
 }
 
