@@ -4,7 +4,7 @@
 # and down GEMMs of Mixtral T=16 and DeepSeek-V3 T=16 beside the streaming read kernel that
 # measures the read time, in the same process: DRAM bytes (extra bytes vs the weights' size), DRAM
 # and L2 throughput, L2 hit rate, L2 sectors read from L1/TEX per request (16-byte cp.async pieces
-# of 256-byte row runs vs the read kernel's 64 KB runs). Run after dev/next-session.sh's re-tune.
+# of 256-byte row runs vs the read kernel's 64 KB runs). (The re-tune it waited for ran in session 8: dev/s8-call1.sh.)
 #   device: carry [".deps", ".prebuilt"], command "dev/next-ncu.sh" (~3 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,31 +1,21 @@
 #!/usr/bin/env bash
-# Prepared for the next session's first device call (not yet run). Session 7 changed the mma.sync
-# (decode) GEMM (a155ccb: one K-stream across a CTA's work items) and measured it by A/B and in a
-# full gpu-check (docs/perf/2026-11-29-s7/), but every decode table entry was tuned with the old
-# kernel, and the new one changed one tile's occupancy (32x64 3-stage: 3 CTAs an SM, was 2). So:
-# `moekit tune` of every decode bucket and the crossover (T = 1-256) of the three presets with the
-# new kernel, then the decode rows of every preset with the re-tuned table.
+# Prepared for the next session's first device call (not yet run): the two measurements that
+# docs/perf/NOTES.md "Known gaps" asks for before more kernel changes. (1) Why a Qwen3 T=4096 up
+# tile takes 36 us against 27 us at T=16384 for the same bytes and FLOPs per tile: ncu of the
+# wgmma up GEMM with the source counters and memory tables (L2 misses and DRAM bytes per load
+# instruction: A's cp.async gather vs B's TMA) beside the same kernel at T=16384. (2) The decode
+# ncu of dev/next-ncu.sh (Mixtral / DeepSeek-V3 T=16 GEMMs beside the read kernel).
 #   here:   cmake --build build -j2; mkdir -p .prebuilt;
 #           cp build/moekit build/tests/moekit_gpu_tests build/tests/moekit_cpu_tests .prebuilt/
-#   device: carry [".deps", ".prebuilt"], command "dev/next-session.sh" (~6-7 minutes); then copy
-#           $OUT/nvidia-h200.json over configs/nvidia-h200.json if the GEMM tests passed.
-# Then dev/next-ncu.sh (~3 minutes): ncu of Mixtral's and DeepSeek-V3's decode GEMMs beside the read.
+#   device: carry [".deps", ".prebuilt"], command "dev/next-session.sh" (~5 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-L=$(mktemp -d)/logs
-mkdir -p "$L"
-cp configs/nvidia-h200.json "$OUT/nvidia-h200.json"
-timeout 90 .prebuilt/moekit_gpu_tests --gtest_filter='GemmTest*' > "$L/gemm-tests.log" 2>&1
-tail -3 "$L/gemm-tests.log"
-for p in mixtral-8x7b deepseek-v3 qwen3-30b-a3b; do
-  timeout 150 .prebuilt/moekit tune --preset $p --tokens 1,2,4,8,16,32,64,128,256 --out "$OUT/nvidia-h200.json" \
-    --merge > "$L/tune-$p.log" 2>&1
-  grep -E "^T=.* best" "$L/tune-$p.log"
+for T in 4096 16384; do
+  timeout 150 ncu --clock-control none -k regex:sm90_expert_gemm -c 1 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SourceCounters \
+    --section WarpStateStats .prebuilt/moekit bench --preset qwen3-30b-a3b --tokens $T --no-baselines \
+    --warmup 0 --steps 1 > "$OUT/ncu-qwen3-up-$T.txt" 2>&1
+  echo "ncu qwen3 up T=$T: rc=$?"
+  grep -E "Duration|DRAM Throughput|L2 Cache Throughput|L2 Hit Rate|SM Frequency" "$OUT/ncu-qwen3-up-$T.txt"
 done
-cp "$OUT/nvidia-h200.json" configs/nvidia-h200.json
-for p in mixtral-8x7b deepseek-v3 qwen3-30b-a3b; do
-  timeout 80 .prebuilt/moekit bench --preset $p --tokens 1,2,4,8,16,32,64 --json "$OUT/bench-$p.json" \
-    > "$L/bench-$p.log" 2>&1
-  echo "bench $p: rc=$?"
-done
-tar czf "$OUT/logs.tgz" -C "$(dirname "$L")" logs
+OUT=$OUT bash dev/next-ncu.sh

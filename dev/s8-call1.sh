@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared for the next session's first device call (not yet run). Session 7 changed the mma.sync
+# Session 8, device call 1 (was dev/next-session.sh). Session 7 changed the mma.sync
 # (decode) GEMM (a155ccb: one K-stream across a CTA's work items) and measured it by A/B and in a
 # full gpu-check (docs/perf/2026-11-29-s7/), but every decode table entry was tuned with the old
 # kernel, and the new one changed one tile's occupancy (32x64 3-stage: 3 CTAs an SM, was 2). So:
@@ -7,7 +7,7 @@
 # new kernel, then the decode rows of every preset with the re-tuned table.
 #   here:   cmake --build build -j2; mkdir -p .prebuilt;
 #           cp build/moekit build/tests/moekit_gpu_tests build/tests/moekit_cpu_tests .prebuilt/
-#   device: carry [".deps", ".prebuilt"], command "dev/next-session.sh" (~6-7 minutes); then copy
+#   device: carry [".deps", ".prebuilt"], command "dev/s8-call1.sh" (~6 minutes, run 2026-11-29 18:4x UTC); then copy
 #           $OUT/nvidia-h200.json over configs/nvidia-h200.json if the GEMM tests passed.
 # Then dev/next-ncu.sh (~3 minutes): ncu of Mixtral's and DeepSeek-V3's decode GEMMs beside the read.
 set -uo pipefail
