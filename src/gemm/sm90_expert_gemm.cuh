@@ -292,10 +292,10 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   // This thread's two output rows of a tile (acc_row for v%4 = 0 and 2) and, for Down, their
   // routing weights. A load still in flight when a k-step's proxy fence runs stalls the fence (it
   // compiles to MEMBAR.ALL.CTA, which waits for this thread's memory operations): the next tile's
-  // ids are loaded before
-  // this tile's epilogue (which hides their latency), and the weights, which need the ids, under
-  // the next tile's first k-step (the second k-step's fence is ~1k cycles later). Loaded at the
-  // tile's start as before, the ids -> weights chain was exposed at every tile (~0.5-1k cycles).
+  // ids are loaded before this tile's epilogue (which hides their latency), and the weights, which
+  // need the ids, right after the next tile's first wgmma group is issued, so a stall of the second
+  // k-step's fence on them runs under that group's ~1k cycles of tensor work. Loaded at the tile's
+  // start, the ids -> weights chain was exposed at every tile (~0.5-1k cycles).
   auto load_ids = [&](int32_t item, int32_t(&ids)[2]) {
     const int32_t row0 = item_to_tile(item, blocks, int32_t(p.n_tiles)).block * kBlockM;
 #pragma unroll
