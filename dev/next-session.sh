@@ -5,6 +5,9 @@
 # wgmma up GEMM with the source counters and memory tables (L2 misses and DRAM bytes per load
 # instruction: A's cp.async gather vs B's TMA) beside the same kernel at T=16384. (2) The decode
 # ncu of dev/next-ncu.sh (Mixtral / DeepSeek-V3 T=16 GEMMs beside the read kernel).
+# First, though: branch fix/silu-padding-rows (padding rows took the SiLU fallback in the wgmma Up
+# epilogue) with its own script, dev/next-silu-padding.sh there; merge it if its tests pass and it
+# is not slower, then run this on the merged tree.
 #   here:   cmake --build build -j2; mkdir -p .prebuilt;
 #           cp build/moekit build/tests/moekit_gpu_tests build/tests/moekit_cpu_tests .prebuilt/
 #   device: carry [".deps", ".prebuilt"], command "dev/next-session.sh" (~5 minutes)
