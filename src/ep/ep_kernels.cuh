@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(kReceiveThreads) receive_layout_kernel(Receive
     for (int32_t i = lane; i < s_count[s * S + l]; i += 32) p.sorted_ids[at + i] = base + i;
   }
   for (int l = warp; l < S; l += kReceiveThreads / 32)
-    align::fill_expert_rows(p.sorted_ids, p.block_expert, l, s_estart[l], s_estart[l + 1], s_total[l], blocks, p.sentinel,
-                            lane);
+    align::fill_expert_rows(p.sorted_ids, p.block_expert, l, s_estart[l], s_estart[l + 1], s_total[l], blocks,
+                            p.sentinel, lane);
   align::mark_unused_blocks(p.block_expert, s_estart[S], blocks, p.max_blocks, tid, kReceiveThreads);
 }
 

@@ -112,8 +112,8 @@ __device__ __forceinline__ int64_t split_k_tiles(const Params& p, int split, int
 // The routing an item's loads need (its expert, the sorted ids of this thread's A rows) is
 // fetched one item ahead, and the ids of the epilogue's rows when its first K-tile is computed,
 // so an item change does not wait on memory (unless items are shorter than the ring, or a K-slice
-// is empty: the routing fetched for the next item is then used within a step). Each tile is still summed in K order by one CTA, so
-// results are bitwise those of a tile-at-a-time loop. On the H200 (dev/s7-call2.sh, s7-call4.sh;
+// is empty: the routing fetched for the next item is then used within a step). Each tile is still
+// summed in K order by one CTA, so results are bitwise those of a tile-at-a-time loop. On the H200 (dev/s7-call2.sh, s7-call4.sh;
 // docs/perf/NOTES.md v20) this made the decode GEMMs 1-8% faster than a tile-at-a-time loop that
 // drained its pipeline at every item. The loader and the consumer are each inlined once: a first
 // version that also unrolled them into the prologue doubled the code (past 4,000 SASS
@@ -264,7 +264,7 @@ expert_gemm_kernel(const Params p) {
             const float* u = acc[i][f + NI / 2] + 2 * h;
             const float gate[2] = {g[0], g[1]};
             float silu[2];
-            dev::silu_group(gate, silu);  // canon::silu's bits; one range branch per pair (unmeasured here)
+            dev::silu_group(gate, silu);  // canon::silu's bits; one range branch a pair (unmeasured)
             *reinterpret_cast<uint32_t*>(out_row + n) = pack_bf16(silu[0] * u[0], silu[1] * u[1]);
           }
         } else {

@@ -403,7 +403,9 @@ __global__ void __launch_bounds__(32 * kGateWarps, 1) gate_logits_pipelined_kern
         P[mt][nt][i] = 0.0f;
       });
       if (++w == kGateWarps) {
-        each_acc([&](int mt, int nt, int i) { S[mt][nt][i] = r == 0 ? V[mt][nt][i] : canon::add(S[mt][nt][i], V[mt][nt][i]); });
+        each_acc([&](int mt, int nt, int i) {
+          S[mt][nt][i] = r == 0 ? V[mt][nt][i] : canon::add(S[mt][nt][i], V[mt][nt][i]);
+        });
         w = 0, ++r;
       }
       if (r < kGateSlices) left = gate_role_steps(sl.steps(r), w);

@@ -12,8 +12,12 @@
 #include <type_traits>
 
 #include "common/device.cuh"
+#include "moekit/moe.hpp"  // kMaxTopk
 
 namespace moekit::kernels::router {
+
+// Per-token slots of the chosen experts (route() rejects k above kMaxTopk).
+constexpr int kTopkSlots = int(kMaxTopk);
 
 struct Params {
   const __nv_bfloat16* x;   // [T, H]        (when logits are computed)
@@ -179,7 +183,7 @@ template <int EPL, class WT>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) router_kernel(Params p) {
   dev::pdl_enter();
   __shared__ float s_choice[kWarpsPerBlock][32 * EPL];
-  __shared__ float s_weight[kWarpsPerBlock][16];
+  __shared__ float s_weight[kWarpsPerBlock][kTopkSlots];
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
   const int64_t t = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
   if (t >= p.tokens) return;

@@ -30,9 +30,9 @@ __global__ void __launch_bounds__(kCtaMaxExperts) router_cta_kernel(Params p) {
   __shared__ float s_choice[kCtaMaxExperts];  // score + bias (groups of any size scan these)
   __shared__ float s_warp_max[kCtaWarps];
   __shared__ uint32_t s_group_key[kCtaWarps];
-  __shared__ uint32_t s_cand_key[kCtaWarps * 16];
-  __shared__ int32_t s_cand_e[kCtaWarps * 16];
-  __shared__ float s_weight[16];
+  __shared__ uint32_t s_cand_key[kCtaWarps * kTopkSlots];
+  __shared__ int32_t s_cand_e[kCtaWarps * kTopkSlots];
+  __shared__ float s_weight[kTopkSlots];
   const int e = int(threadIdx.x), warp = e >> 5, lane = dev::lane_id();
   const int warps = int(blockDim.x >> 5);
   const int64_t t = blockIdx.x;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kCtaMaxExperts) router_cta_kernel(Params p) {
   if (warp != 0) return;
 
   // 4. warp 0 merges the warps·k candidates (at most 4 a lane), best first, as router_kernel.
-  constexpr int kPerLane = kCtaWarps * 16 / 32;
+  constexpr int kPerLane = kCtaWarps * kTopkSlots / 32;
   uint32_t ck[kPerLane];
   int ce[kPerLane];
 #pragma unroll
