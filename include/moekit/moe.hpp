@@ -1,6 +1,6 @@
 // moekit/moe.hpp — the public host API of one MoE layer's forward pass.
 //
-// Pipeline (DESIGN.md "Stages"): route -> align -> expert_up -> expert_down -> combine.
+// Pipeline (docs/design.md): route -> align -> expert_up -> expert_down -> combine.
 // A MoeShape and the device's DeviceInfo go to plan_forward(), the one config chooser; the
 // ForwardPlan it returns fixes the tile configs and the workspace layout. Every stage entry
 // validates its arguments (moekit::Error names the argument) and enqueues on the caller's
@@ -67,19 +67,45 @@ struct GemmConfig {
   bool operator==(const GemmConfig&) const = default;
 };
 
-// The plan of one forward pass: tile configs and every buffer's size.
+// The kernels of stage 1 (src/router). Logits of a bf16 w_gate, when the layer computes them, run
+// on the tensor cores in one of these tilings (every one sums each logit in the same order, so
+// the choice changes speed only): a cluster of 8 CTAs per tile (decode), one CTA per tile walking
+// the H slices (prefill), or a pipelined CTA per 128 x 64 tile (prefill with many experts).
+enum class GateKernel : int { cluster_16x8, cluster_32x8, cluster_32x32, looped_64x8, looped_64x32, pipelined_128x64 };
+// The selection from logits: a warp per token (experts spread over its lanes), or a CTA per token
+// (a thread per expert; decode with 128 < E <= 256, where one warp's chain is the latency).
+enum class SelectKernel : int { warp, cta };
+struct RouterPlan {
+  GateKernel gate = GateKernel::cluster_16x8;
+  SelectKernel select = SelectKernel::warp;
+  std::string str() const;
+  bool operator==(const RouterPlan&) const = default;
+};
+// The kernel of stage 2 (src/align): one warp (decode's few ids), one CTA, or a cooperative grid
+// (which needs ws.align_scratch).
+enum class AlignKernel : int { warp, cta, grid };
+
+// Rows of the aligned layout in the worst case: T·k assignments plus every expert's last block
+// padded (E·(block_m − 1)), rounded up to whole blocks.
+int64_t worst_case_rows(const MoeShape& shape, int block_m);
+
+// The plan of one forward pass: every kernel choice of the layer (made by plan_forward, the one
+// chooser in src/tuning) and, derived from them, every buffer's size.
 struct ForwardPlan {
   MoeShape shape;
-  int block_m = 0;       // rows per tile in the aligned layout; both GEMMs use it
-  GemmConfig up, down;
-  int64_t max_rows = 0;    // T*k + E*(block_m-1): worst-case padded rows
-  int64_t max_blocks = 0;  // max_rows / block_m
+  GemmConfig up, down;     // both of one block_m: the two GEMMs read one aligned layout
   // Split-K of the down GEMM (decode: too few output tiles to fill the GPU). With S > 1 the
   // down GEMM writes FP32 partial rows (ws.y_partials) and combine sums them in fixed order.
   int down_splits = 1;
-  // Where the configs came from: "table:configs/<device>.json(rows/expert<=B)" (a bucket of a
+  RouterPlan router;
+  AlignKernel align = AlignKernel::warp;
+  // Where the GEMM configs came from: "table:configs/<device>.json(rows/expert<=B)" (a bucket of a
   // measured table), "heuristic", or "given" (plan_forward_with).
   std::string source = "given";
+
+  int block_m() const { return up.block_m; }  // rows per block of the aligned layout
+  int64_t max_rows() const { return worst_case_rows(shape, block_m()); }
+  int64_t max_blocks() const { return max_rows() / block_m(); }
   std::string str() const;
 };
 
@@ -93,11 +119,12 @@ ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& devi
 ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down,
                               int down_splits = 1);
 inline constexpr int kMaxDownSplits = 8;
-// Align runs in one CTA up to this many assignments (decode: a chain of latencies); above it, one
-// cooperative launch of up to kAlignMaxCtas CTAs (one per SM) with a grid-wide barrier.
+// The planner's align switch: one CTA (or one warp) up to this many assignments (decode: a chain
+// of latencies); above it, one cooperative launch of up to kAlignMaxCtas CTAs (one per SM) with a
+// grid-wide barrier (plan.align = AlignKernel::grid).
 inline constexpr int64_t kAlignGridMinAssignments = 4096;
-// The grid's CTA cap, a row each in ws.align_scratch: at least the SM count of every Hopper part
-// (H100 SXM and H200: 132, H100 PCIe: 114); a larger device would use 160 of its SMs.
+// The align grid's CTA cap, a row each in ws.align_scratch: at least the SM count of every Hopper
+// part (H100 SXM and H200: 132, H100 PCIe: 114); a larger device would use 160 of its SMs.
 inline constexpr int kAlignMaxCtas = 160;
 // The tile configs the library compiles; plan_forward picks among these.
 const std::vector<GemmConfig>& compiled_gemm_configs();
@@ -117,8 +144,8 @@ struct Workspace {
   Tensor y_rows;           // [T*k, H] bf16: weighted expert output per assignment (S = 1)
   Tensor y_partials;       // [S, T*k, H] f32: its split-K partial sums (S > 1; else empty)
   Tensor status;           // [1] i32: error bits set by kernels (see check_status)
-  Tensor align_scratch;    // [kAlignMaxCtas, E+1] i32: multi-CTA align's per-CTA counts (T*k >
-                           // kAlignGridMinAssignments; else empty)
+  Tensor align_scratch;    // [kAlignMaxCtas, E+1] i32: the align grid's per-CTA counts (plan.align
+                           // is AlignKernel::grid; else empty)
   Tensor gemm_counter;     // [1] i32: the prefill (wgmma) GEMMs' work-item counter; each GEMM
                            // zeroes it first (a memset on the stream)
 };
@@ -149,9 +176,8 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
            cudaStream_t stream, const Tensor& logits_scratch = Tensor());
 
 // ---- Stage 2: align -------------------------------------------------------------------------
-// topk_ids [T,k] i32 -> ws.sorted_ids, block_expert, num_rows_padded, expert_counts. One launch:
-// one CTA up to kAlignGridMinAssignments assignments, else a cooperative multi-CTA grid (which
-// needs ws.align_scratch, carved whenever the plan's T*k is past that bound).
+// topk_ids [T,k] i32 -> ws.sorted_ids, block_expert, num_rows_padded, expert_counts. One launch of
+// plan.align's kernel (the grid needs ws.align_scratch, carved whenever the plan names it).
 void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
            cudaStream_t stream);
 

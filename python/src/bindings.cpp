@@ -162,19 +162,20 @@ NB_MODULE(_moekit, m) {
   m.def("query_device", [](int device) { return device_info("query_device", device); }, "device"_a = -1,
         "Properties of a CUDA device (-1: the current one). Raises moekit.CudaError without a GPU.");
 
-  nb::class_<ForwardPlan>(m, "Plan", "The plan of one forward pass: tile configs and buffer sizes (plan_forward).")
+  nb::class_<ForwardPlan>(m, "Plan", "The plan of one forward pass: every kernel choice and the buffer sizes (plan_forward).")
       .def_prop_ro("tokens", [](const ForwardPlan& p) { return p.shape.tokens; })
       .def_prop_ro("hidden", [](const ForwardPlan& p) { return p.shape.hidden; })
       .def_prop_ro("inter", [](const ForwardPlan& p) { return p.shape.inter; })
       .def_prop_ro("experts", [](const ForwardPlan& p) { return p.shape.experts; })
       .def_prop_ro("topk", [](const ForwardPlan& p) { return p.shape.topk; })
-      .def_ro("block_m", &ForwardPlan::block_m)
-      .def_ro("max_rows", &ForwardPlan::max_rows)
-      .def_ro("max_blocks", &ForwardPlan::max_blocks)
+      .def_prop_ro("block_m", &ForwardPlan::block_m)
+      .def_prop_ro("max_rows", &ForwardPlan::max_rows)
+      .def_prop_ro("max_blocks", &ForwardPlan::max_blocks)
       .def_ro("down_splits", &ForwardPlan::down_splits,
               "split-K of the down GEMM: > 1 writes FP32 partials (combine_partials sums them)")
       .def_prop_ro("up", [](const ForwardPlan& p) { return p.up.str(); })
       .def_prop_ro("down", [](const ForwardPlan& p) { return p.down.str(); })
+      .def_prop_ro("router", [](const ForwardPlan& p) { return p.router.str(); })
       .def_prop_ro("workspace_bytes", [](const ForwardPlan& p) { return workspace_bytes(p); })
       .def("workspace_layout", &workspace_layout,
            "{name: (offset_bytes, dtype, shape)} of the tensors carved from the workspace.")

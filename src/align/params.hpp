@@ -1,5 +1,5 @@
-// align_launch.hpp — align's kernel parameters and launcher, for other stages' launchers (the EP
-// path's send order) without the kernels (each kernel lives in one translation unit, align.cu).
+// params.hpp — the contract of stage 2's kernels (align.cuh), host and device: their parameters.
+// No device code.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,10 +22,3 @@ struct Params {
 };
 
 }  // namespace moekit::kernels::align
-
-namespace moekit::detail {
-// Launches align on validated Params (align() and the EP path's send order): one warp up to
-// kWarpMaxAssignments, one CTA up to kAlignGridMinAssignments, else the cooperative grid
-// (p.cta_counts must be set).
-void launch_align(kernels::align::Params p, cudaStream_t stream);
-}  // namespace moekit::detail

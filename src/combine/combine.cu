@@ -1,13 +1,48 @@
-// combine.cu — stage 5 launcher.
+// combine.cu — stage 5 on the host: combine() and combine_partials() validate their arguments;
+// the internal launchers enqueue the kernels (a thread per 8 columns of a token).
 #include <nvtx3/nvToolsExt.h>
 
 #include "combine/combine.cuh"
-#include "combine/combine_launch.hpp"
+#include "combine/launch.hpp"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/validate.hpp"
 
 namespace moekit {
+
+namespace detail {
+
+namespace {
+dim3 combine_grid(int64_t tokens, int64_t hidden) {
+  const int64_t vecs = tokens * (hidden / 8);
+  return dim3(unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads));
+}
+}  // namespace
+
+void launch_combine(const void* rows, const int32_t* row_of, void* y, int64_t tokens, int64_t hidden, int topk,
+                    cudaStream_t stream) {
+  if (tokens == 0) return;
+  namespace kc = kernels::combine;
+  const kc::Params p{static_cast<const __nv_bfloat16*>(rows), static_cast<__nv_bfloat16*>(y), tokens, hidden, topk,
+                     row_of};
+  if (row_of != nullptr)
+    launch_pdl("combine_gathered_kernel", kc::combine_kernel<true>, combine_grid(tokens, hidden), dim3(kc::kThreads), 0,
+               stream, p);
+  else
+    launch_pdl("combine_kernel", kc::combine_kernel<false>, combine_grid(tokens, hidden), dim3(kc::kThreads), 0, stream,
+               p);
+}
+
+void launch_combine_partials(const float* partials, int splits, void* y, int64_t tokens, int64_t hidden, int topk,
+                             cudaStream_t stream) {
+  if (tokens == 0) return;
+  namespace kc = kernels::combine;
+  const kc::PartialParams p{partials, static_cast<__nv_bfloat16*>(y), tokens, hidden, topk, splits};
+  launch_pdl("combine_partials_kernel", kc::combine_partials_kernel, combine_grid(tokens, hidden), dim3(kc::kThreads),
+             0, stream, p);
+}
+
+}  // namespace detail
 
 void combine(const Tensor& y_rows, int64_t topk, const Tensor& y, cudaStream_t stream) {
   const char* fn = "combine";
@@ -17,28 +52,10 @@ void combine(const Tensor& y_rows, int64_t topk, const Tensor& y, cudaStream_t s
   if (H % 8 != 0) detail::fail(fn, "y", "hidden size must be a multiple of 8, got " + std::to_string(H));
   detail::expect_tensor(fn, "y", y, DType::bf16, {T, H});
   detail::expect_tensor(fn, "y_rows", y_rows, DType::bf16, {T * topk, H});
-  if (T == 0) return;
-  kernels::combine::Params p{y_rows.as<const __nv_bfloat16>(), y.as<__nv_bfloat16>(), T, H, int(topk)};
-  const int64_t vecs = T * (H / 8);
   nvtxRangePushA("moekit.combine");
-  detail::launch_pdl("combine_kernel", kernels::combine::combine_kernel<false>,
-                     dim3(unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads)),
-                     dim3(kernels::combine::kThreads), 0, stream, p);
+  detail::launch_combine(y_rows.data, nullptr, y.data, T, H, int(topk), stream);
   nvtxRangePop();
 }
-
-namespace detail {
-void launch_combine_gathered(const void* rows, const int32_t* row_of, void* y, int64_t tokens, int64_t hidden, int topk,
-                             cudaStream_t stream) {
-  if (tokens == 0) return;
-  kernels::combine::Params p{static_cast<const __nv_bfloat16*>(rows), static_cast<__nv_bfloat16*>(y), tokens, hidden, topk,
-                             row_of};
-  const int64_t vecs = tokens * (hidden / 8);
-  launch_pdl("combine_gathered_kernel", kernels::combine::combine_kernel<true>,
-             dim3(unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads)),
-             dim3(kernels::combine::kThreads), 0, stream, p);
-}
-}  // namespace detail
 
 void combine_partials(const Tensor& y_partials, int64_t topk, const Tensor& y, cudaStream_t stream) {
   const char* fn = "combine_partials";
@@ -50,13 +67,8 @@ void combine_partials(const Tensor& y_partials, int64_t topk, const Tensor& y, c
   if (H % 8 != 0) detail::fail(fn, "y", "hidden size must be a multiple of 8, got " + std::to_string(H));
   detail::expect_tensor(fn, "y", y, DType::bf16, {T, H});
   detail::expect_tensor(fn, "y_partials", y_partials, DType::f32, {S, T * topk, H});
-  if (T == 0) return;
-  kernels::combine::PartialParams p{y_partials.as<const float>(), y.as<__nv_bfloat16>(), T, H, int(topk), int(S)};
-  const int64_t vecs = T * (H / 8);
   nvtxRangePushA("moekit.combine");
-  detail::launch_pdl("combine_partials_kernel", kernels::combine::combine_partials_kernel,
-                     dim3(unsigned((vecs + kernels::combine::kThreads - 1) / kernels::combine::kThreads)),
-                     dim3(kernels::combine::kThreads), 0, stream, p);
+  detail::launch_combine_partials(y_partials.as<const float>(), int(S), y.data, T, H, int(topk), stream);
   nvtxRangePop();
 }
 

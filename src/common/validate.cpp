@@ -1,6 +1,8 @@
 // validate.cpp — the argument checks every public entry runs before it touches the GPU.
 #include "common/validate.hpp"
 
+#include "tuning/planner.hpp"
+
 #include <cstdint>
 #include <limits>
 
@@ -50,39 +52,47 @@ void expect_shape(const MoeShape& s, const char* entry) {
     fail(entry, "shape.topk", "must be in [1, " + std::to_string(kMaxTopk) + "], got " + std::to_string(s.topk));
   if (s.topk > s.experts)
     fail(entry, "shape.topk", "k = " + std::to_string(s.topk) + " exceeds the number of experts " + std::to_string(s.experts));
-  // sorted_ids are int32 and hold the sentinel T*k; padded rows add E*(block_m-1).
-  if (s.tokens * s.topk + s.experts * 128 >= std::numeric_limits<int32_t>::max())
+  // sorted_ids are int32 and hold the sentinel T*k; the worst-case layout of the largest block_m
+  // must stay within them.
+  if (worst_case_rows(s, tuning::kLargestBlockM) >= std::numeric_limits<int32_t>::max())
     fail(entry, "shape.tokens", "T*k = " + std::to_string(s.tokens * s.topk) + " is too large for 32-bit assignment ids");
 }
 
 void expect_plan(const ForwardPlan& plan, const char* entry) {
   expect_shape(plan.shape, entry);
   const MoeShape& s = plan.shape;
-  const bool configs_ok = plan.block_m > 0 && plan.up.block_m == plan.block_m && plan.down.block_m == plan.block_m;
   if (plan.down_splits < 1 || plan.down_splits > kMaxDownSplits)
     fail(entry, "plan", "down_splits " + std::to_string(plan.down_splits) + " is outside [1, " + std::to_string(kMaxDownSplits) + "]");
-  if (!configs_ok)
-    fail(entry, "plan", "block_m " + std::to_string(plan.block_m) + " disagrees with its GEMM configs: make plans with plan_forward");
-  int64_t rows = s.tokens * s.topk + s.experts * (plan.block_m - 1);
-  rows = (rows + plan.block_m - 1) / plan.block_m * plan.block_m;
-  if (plan.max_rows != rows || plan.max_blocks != rows / plan.block_m)
-    fail(entry, "plan", "max_rows " + std::to_string(plan.max_rows) + " does not fit its shape (needs " +
-                            std::to_string(rows) + "): the shape changed after plan_forward; plan again");
+  if (plan.up.block_m <= 0 || plan.up.block_m != plan.down.block_m)
+    fail(entry, "plan", "its up and down configs disagree on block_m (" + std::to_string(plan.up.block_m) + ", " +
+                            std::to_string(plan.down.block_m) + "): make plans with plan_forward");
+  if (!tuning::align_kernel_fits(plan.align, s.tokens * s.topk))
+    fail(entry, "plan", "align kernel '" + tuning::to_string(plan.align) + "' cannot take T*k = " +
+                            std::to_string(s.tokens * s.topk) + " assignments: the shape changed after plan_forward; plan again");
+  if (plan.router.select == SelectKernel::cta && s.experts > tuning::kSelectCtaMaxExperts)
+    fail(entry, "plan", "the CTA-per-token selection takes at most " + std::to_string(tuning::kSelectCtaMaxExperts) +
+                            " experts, the shape has " + std::to_string(s.experts) + ": plan again");
+}
+
+void expect_hopper(const DeviceInfo& device, const char* entry) {
+  if (device.cc_major != 9)
+    fail(entry, "device", "moekit's kernels are built for sm_90a (Hopper); got compute capability " +
+                              std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
 }
 
 void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* entry) {
   const MoeShape& s = plan.shape;
-  expect_tensor(entry, "ws.sorted_ids", ws.sorted_ids, DType::i32, {plan.max_rows});
-  expect_tensor(entry, "ws.block_expert", ws.block_expert, DType::i32, {plan.max_blocks});
+  expect_tensor(entry, "ws.sorted_ids", ws.sorted_ids, DType::i32, {plan.max_rows()});
+  expect_tensor(entry, "ws.block_expert", ws.block_expert, DType::i32, {plan.max_blocks()});
   expect_tensor(entry, "ws.num_rows_padded", ws.num_rows_padded, DType::i32, {1});
   expect_tensor(entry, "ws.expert_counts", ws.expert_counts, DType::i32, {s.experts});
-  expect_tensor(entry, "ws.act", ws.act, DType::bf16, {plan.max_rows, s.inter});
+  expect_tensor(entry, "ws.act", ws.act, DType::bf16, {plan.max_rows(), s.inter});
   expect_tensor(entry, "ws.y_rows", ws.y_rows, DType::bf16, {s.tokens * s.topk, s.hidden});
   if (plan.down_splits > 1)
     expect_tensor(entry, "ws.y_partials", ws.y_partials, DType::f32, {plan.down_splits, s.tokens * s.topk, s.hidden});
   expect_tensor(entry, "ws.status", ws.status, DType::i32, {1});
   expect_tensor(entry, "ws.gemm_counter", ws.gemm_counter, DType::i32, {1});
-  if (s.tokens * s.topk > kAlignGridMinAssignments)
+  if (plan.align == AlignKernel::grid)
     expect_tensor(entry, "ws.align_scratch", ws.align_scratch, DType::i32, {int64_t(kAlignMaxCtas), s.experts + 1});
 }
 

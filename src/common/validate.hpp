@@ -1,5 +1,6 @@
 // validate.hpp — argument checks at the public boundary. Each failure throws moekit::Error with
-// "<entry>: argument '<name>': expected ..., got ..." so the caller knows what to fix.
+// "<entry>: argument '<name>': expected ..., got ..." so the caller knows what to fix. The public
+// entries run them once, then call the stages' unchecked internal launchers (<stage>/launch.hpp).
 #pragma once
 
 #include <cstdint>
@@ -21,11 +22,11 @@ bool expect_optional(const char* entry, const char* arg, const Tensor& t, DType 
                      std::initializer_list<int64_t> shape);
 void expect_shape(const MoeShape& s, const char* entry);
 void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* entry);
-// carve_workspace with the buffer's errors under the caller's argument names (the whole-layer
-// entries take `workspace` / `workspace_bytes`).
-Workspace carve_named(const ForwardPlan& plan, void* base, size_t bytes, const char* entry,
-                      const char* base_arg, const char* bytes_arg);
-// The plan still fits its shape (a plan edited after plan_forward would size buffers wrongly).
+// The plan's choices can run its shape: its configs agree on block_m, split-K is in range, and its
+// router's and align's kernels can take the shape (a plan made for another shape and edited after
+// plan_forward is refused: "plan again").
 void expect_plan(const ForwardPlan& plan, const char* entry);
+// moekit's kernels are built for sm_90a: the device must be a Hopper.
+void expect_hopper(const DeviceInfo& device, const char* entry);
 
 }  // namespace moekit::detail

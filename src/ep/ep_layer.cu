@@ -9,22 +9,24 @@
 #include <string>
 #include <vector>
 
-#include "align/align_launch.hpp"
-#include "combine/combine_launch.hpp"
+#include "align/launch.hpp"
+#include "combine/launch.hpp"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
 #include "common/validate.hpp"
 #include "ep/ep_kernels.cuh"
 #include "ep/internal.hpp"
 #include "ep/nccl.hpp"
+#include "gemm/launch.hpp"
 #include "moekit/ep_nccl.hpp"
+#include "tuning/planner.hpp"
+#include "tuning/workspace.hpp"
 
 namespace moekit::ep {
 namespace {
 using detail::fail;
 std::string str(int64_t v) { return std::to_string(v); }
 nccl::Comm as_comm(void* c) { return static_cast<nccl::Comm>(c); }
-size_t round_up(size_t v) { return (v + 255) / 256 * 256; }
 // Rows per rank of [R][S] counts: the sum of each rank's S entries.
 std::vector<int64_t> rows_per_rank(const int32_t* counts, int64_t R, int64_t S) {
   std::vector<int64_t> rows(static_cast<size_t>(R), 0);
@@ -33,65 +35,6 @@ std::vector<int64_t> rows_per_rank(const int32_t* counts, int64_t R, int64_t S) 
   return rows;
 }
 }  // namespace
-
-NcclId nccl_unique_id() {
-  nccl::UniqueId u{};
-  nccl::check(nccl::api().GetUniqueId(&u), "ncclGetUniqueId");
-  NcclId id{};
-  static_assert(sizeof id.bytes == sizeof u.internal);
-  std::memcpy(id.bytes, u.internal, sizeof id.bytes);
-  return id;
-}
-
-std::string nccl_version() {
-  const nccl::Api& a = nccl::api();
-  const int v = a.version;  // 2.9+: major*10000 + minor*100 + patch
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) + " (" +
-         a.library + ")";
-}
-
-Communicator::Communicator(const NcclId& id, int rank, int ranks) : rank_(rank), ranks_(ranks) {
-  constexpr const char* kEntry = "Communicator";
-  if (ranks < 1) fail(kEntry, "ranks", "must be >= 1, got " + str(ranks));
-  if (rank < 0 || rank >= ranks) fail(kEntry, "rank", "must be in [0, " + str(ranks) + "), got " + str(rank));
-  MK_CUDA_CHECK(cudaGetDevice(&device_));
-  nccl::UniqueId u{};
-  std::memcpy(u.internal, id.bytes, sizeof u.internal);
-  nccl::Comm c = nullptr;
-  nccl::check(nccl::api().CommInitRank(&c, ranks, u, rank), "ncclCommInitRank");
-  comm_ = c;
-}
-
-Communicator::~Communicator() {
-  if (comm_ != nullptr) {
-    const nccl::Result r = nccl::api().CommDestroy(as_comm(comm_));
-    if (r != 0) std::fprintf(stderr, "moekit: ncclCommDestroy failed: %d\n", r);
-  }
-}
-
-void copy_local_experts(const Placement& placement, int64_t rank, const Tensor& w13, const Tensor& w2,
-                        const Tensor& w13_local, const Tensor& w2_local, cudaStream_t stream) {
-  constexpr const char* kEntry = "copy_local_experts";
-  internal::expect_placement(placement, kEntry, "placement");
-  const int64_t E = placement.experts, S = placement.slots_per_rank;
-  if (rank < 0 || rank >= placement.ranks)
-    fail(kEntry, "rank", "must be in [0, " + str(placement.ranks) + "), got " + str(rank));
-  if (w13.rank != 3) fail(kEntry, "w13", "expected [E, 2F, H], got " + w13.shape_str());
-  const int64_t F2 = w13.dim(1), H = w13.dim(2);
-  detail::expect_tensor(kEntry, "w13", w13, DType::bf16, {E, F2, H});
-  detail::expect_tensor(kEntry, "w2", w2, DType::bf16, {E, H, F2 / 2});
-  detail::expect_tensor(kEntry, "w13_local", w13_local, DType::bf16, {S, F2, H});
-  detail::expect_tensor(kEntry, "w2_local", w2_local, DType::bf16, {S, H, F2 / 2});
-  const size_t b13 = size_t(F2 * H) * 2, b2 = size_t(H * (F2 / 2)) * 2;  // bytes per expert
-  for (int64_t l = 0; l < S; ++l) {
-    const int32_t e = placement.slot_expert[size_t(rank * S + l)];
-    if (e < 0) continue;
-    MK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(w13_local.data) + l * b13, static_cast<const char*>(w13.data) + e * b13,
-                                  b13, cudaMemcpyDeviceToDevice, stream));
-    MK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(w2_local.data) + l * b2, static_cast<const char*>(w2.data) + e * b2, b2,
-                                  cudaMemcpyDeviceToDevice, stream));
-  }
-}
 
 // ---- buffers -----------------------------------------------------------------------------------
 struct EpLayer::Buffers {
@@ -141,7 +84,6 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   }
   // Rows a rank may receive: every source's assignments (prefill), or R fixed messages (decode).
   recv_rows_max_ = opt_.mode == EpMode::decode ? R * capacity_ : R * A;
-  const int64_t send_rows_max = opt_.mode == EpMode::decode ? R * capacity_ : A;
   if (recv_rows_max_ > std::numeric_limits<int32_t>::max() / 2) {
     const bool decode = opt_.mode == EpMode::decode;
     fail(kEntry, decode ? "options.capacity" : "options.shape.tokens",
@@ -163,44 +105,41 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   }
   local_plan_ = plan_forward_with(local, up, down, 1);
 
-  // One allocation, carved in 256-byte pieces.
-  const int64_t slots = R * S, E = s.experts;
-  const bool grid_align = A > kAlignGridMinAssignments;
-  const int64_t H = s.hidden;
-  size_t at = 0;
-  auto piece = [&](size_t bytes) {
-    const size_t p = at;
-    at += round_up(bytes);
-    return p;
-  };
-  const size_t o_roff = piece(4 * (E + 1)), o_rslots = piece(4 * placement_.replica_slots.size());
-  const size_t o_slot = piece(4 * A), o_order = piece(4 * A), o_blocks = piece(4 * A), o_rows = piece(4);
-  const size_t o_counts = piece(4 * slots), o_status = piece(4);
-  const size_t o_scratch = grid_align ? piece(4 * size_t(kAlignMaxCtas) * (slots + 1)) : 0;
-  const size_t o_inv = piece(4 * A), o_sent = piece(4 * slots), o_recvc = piece(4 * slots), o_over = piece(4);
-  const size_t o_send_x = piece(2 * send_rows_max * H), o_ret_x = piece(2 * send_rows_max * H);
-  const size_t o_send_w = piece(4 * send_rows_max);
-  const size_t o_recv_x = piece(2 * recv_rows_max_ * H);  // weights land in the local ws.topk_weights
-  const size_t local_bytes = workspace_bytes(local_plan_);
-  const size_t o_local = piece(local_bytes);
-  bytes_ = at;
+  // One allocation, laid out as pieces (tuning/workspace.hpp), the local GEMMs' workspace last.
+  const int64_t slots = R * S, E = s.experts, H = s.hidden;
+  const int64_t send_rows_max = opt_.mode == EpMode::decode ? R * capacity_ : A;
+  detail::Pieces pieces;
+  auto i32 = [&](int64_t n) { return pieces.add(DType::i32, {n}); };
+  const detail::Piece roff = i32(E + 1), rslots = i32(int64_t(placement_.replica_slots.size()));
+  const detail::Piece slot = i32(A), order = i32(A), order_blocks = i32(A), order_rows = i32(1);
+  const detail::Piece slot_counts = i32(slots), status = i32(1);
+  // The send order's align over A assignments at most: its grid kernel needs a scratch.
+  const bool grid_align = tuning::plan_align(A) == AlignKernel::grid;
+  const detail::Piece scratch = pieces.add(DType::i32, {int64_t(kAlignMaxCtas), slots + 1}, grid_align);
+  const detail::Piece inv = i32(A), sent_counts = i32(slots), recv_counts = i32(slots), overflow = i32(1);
+  const detail::Piece send_x = pieces.add(DType::bf16, {send_rows_max, H}), ret_x = pieces.add(DType::bf16, {send_rows_max, H});
+  const detail::Piece send_w = pieces.add(DType::f32, {send_rows_max});
+  const detail::Piece recv_x = pieces.add(DType::bf16, {recv_rows_max_, H});  // weights land in the local ws.topk_weights
+  const int64_t local_bytes = int64_t(workspace_bytes(local_plan_));
+  const detail::Piece local_ws = pieces.add(DType::i32, {(local_bytes + 3) / 4});
+  bytes_ = size_t(pieces.bytes());
 
   buf_ = std::make_unique<Buffers>();
   Buffers& b = *buf_;
   MK_CUDA_CHECK(cudaMalloc(&b.base, bytes_));
   MK_CUDA_CHECK(cudaMallocHost(&b.h_counts, size_t(2 * slots) * 4));
-  char* base = static_cast<char*>(b.base);
-  auto i32 = [&](size_t o) { return reinterpret_cast<int32_t*>(base + o); };
-  b.replica_offsets = i32(o_roff), b.replica_slots = i32(o_rslots);
-  b.slot = i32(o_slot), b.order = i32(o_order), b.order_blocks = i32(o_blocks), b.order_rows = i32(o_rows);
-  b.slot_counts = i32(o_counts), b.status = i32(o_status), b.align_scratch = grid_align ? i32(o_scratch) : nullptr;
-  b.inv = i32(o_inv), b.sent_counts = i32(o_sent), b.recv_counts = i32(o_recvc), b.overflow = i32(o_over);
-  b.send_x = reinterpret_cast<__nv_bfloat16*>(base + o_send_x);
-  b.ret_x = reinterpret_cast<__nv_bfloat16*>(base + o_ret_x);
-  b.send_w = reinterpret_cast<float*>(base + o_send_w);
-  b.recv_x = reinterpret_cast<__nv_bfloat16*>(base + o_recv_x);
-  b.local_ws = base + o_local, b.local_ws_bytes = local_bytes;
-  b.ws = carve_workspace(local_plan_, b.local_ws, local_bytes);
+  auto at = [&](const detail::Piece& p) { return p.view(b.base).data; };
+  auto i32_at = [&](const detail::Piece& p) { return static_cast<int32_t*>(at(p)); };
+  b.replica_offsets = i32_at(roff), b.replica_slots = i32_at(rslots);
+  b.slot = i32_at(slot), b.order = i32_at(order), b.order_blocks = i32_at(order_blocks), b.order_rows = i32_at(order_rows);
+  b.slot_counts = i32_at(slot_counts), b.status = i32_at(status), b.align_scratch = i32_at(scratch);
+  b.inv = i32_at(inv), b.sent_counts = i32_at(sent_counts), b.recv_counts = i32_at(recv_counts), b.overflow = i32_at(overflow);
+  b.send_x = static_cast<__nv_bfloat16*>(at(send_x));
+  b.ret_x = static_cast<__nv_bfloat16*>(at(ret_x));
+  b.send_w = static_cast<float*>(at(send_w));
+  b.recv_x = static_cast<__nv_bfloat16*>(at(recv_x));
+  b.local_ws = at(local_ws), b.local_ws_bytes = size_t(local_bytes);
+  b.ws = detail::carve_unchecked(local_plan_, b.local_ws);
   b.recv_w = b.ws.topk_weights.as<float>();
   MK_CUDA_CHECK(cudaMemset(b.base, 0, bytes_));  // no stale bytes: decode sends whole messages
   MK_CUDA_CHECK(cudaMemcpy(b.replica_offsets, placement_.replica_offsets.data(), 4 * (E + 1), cudaMemcpyHostToDevice));
@@ -357,19 +296,9 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
   detail::launch_pdl("ep.route_kernel", kernels::ep::route_kernel, dim3(unsigned(route_ctas)),
                      dim3(kernels::ep::kRouteThreads), 0, stream, rp);
   // order: align over the R*S slots, block_m = 1 (plan_dispatch's stable counting sort).
-  kernels::align::Params ap{};
-  ap.topk_ids = b.slot;
-  ap.sorted_ids = b.order;
-  ap.block_expert = b.order_blocks;
-  ap.num_rows_padded = b.order_rows;
-  ap.expert_counts = b.slot_counts;
-  ap.status = b.status;
-  ap.cta_counts = b.align_scratch;
-  ap.num_assign = A;
-  ap.max_blocks = s.tokens * k;
-  ap.experts = int(R * S);
-  ap.block_m = 1;
-  detail::launch_align(ap, stream);
+  detail::launch_align(tuning::plan_align(A), b.slot, A, int(R * S), 1,
+                       {b.order, b.order_blocks, b.order_rows, b.slot_counts, b.status, b.align_scratch, s.tokens * k},
+                       stream);
   // pack
   if (decode) MK_CUDA_CHECK(cudaMemsetAsync(b.overflow, 0, 4, stream));
   kernels::ep::PackParams pp{x.as<const __nv_bfloat16>(),
@@ -412,22 +341,20 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
                                 b.ws.block_expert.as<int32_t>(),
                                 b.ws.num_rows_padded.as<int32_t>(),
                                 b.ws.expert_counts.as<int32_t>(),
-                                local_plan_.max_blocks,
+                                local_plan_.max_blocks(),
                                 decode ? capacity_ : 0,
                                 int32_t(recv_rows_max_),
                                 int(R),
                                 int(S),
-                                local_plan_.block_m};
+                                local_plan_.block_m()};
   detail::launch_pdl("ep.receive_layout_kernel", kernels::ep::receive_layout_kernel, dim3(1),
                      dim3(kernels::ep::kReceiveThreads), 0, stream, rv);
-  const Tensor recv_x(b.recv_x, DType::bf16, {recv_rows_max_, H});
-  const Tensor recv_w(b.recv_w, DType::f32, {recv_rows_max_, 1});
-  expert_up(local_plan_, recv_x, w13, b.ws, stream);
-  expert_down(local_plan_, w2, recv_w, b.ws, stream);
+  detail::launch_expert_up(local_plan_, b.recv_x, w13.data, b.ws, stream);
+  detail::launch_expert_down(local_plan_, w2.data, b.recv_w, b.ws, stream);
 
   // return and combine
   exchange_rows(true, stream);
-  detail::launch_combine_gathered(b.ret_x, b.inv, y.data, T, H, int(k), stream);
+  detail::launch_combine(b.ret_x, b.inv, y.data, T, H, int(k), stream);
   last_tokens_ = T;
   nvtxRangePop();
 }

@@ -1,4 +1,5 @@
-// router.cuh — stage 1: one fused kernel from logits (given, or x·w_gateᵀ) to k ids and weights.
+// select.cuh — stage 1's selection: one fused kernel from logits (given, or x·w_gateᵀ computed on
+// the CUDA cores) to k ids and weights, and the CUDA-core logits kernel of an f32 w_gate.
 //
 // A warp owns a token; lane l owns experts e = i*32 + l (i < EPL), so the E scores live in
 // registers. Scoring, bias, grouped top-k, top-k, renormalisation and scaling happen in
@@ -12,28 +13,9 @@
 #include <type_traits>
 
 #include "common/device.cuh"
-#include "moekit/moe.hpp"  // kMaxTopk
+#include "router/params.hpp"
 
 namespace moekit::kernels::router {
-
-// Per-token slots of the chosen experts (route() rejects k above kMaxTopk).
-constexpr int kTopkSlots = int(kMaxTopk);
-
-struct Params {
-  const __nv_bfloat16* x;   // [T, H]        (when logits are computed)
-  const void* w_gate;       // [E, H] bf16 or f32
-  const float* logits;      // [T, E]        (when given)
-  const float* score_bias;  // [E] or null
-  int32_t* topk_ids;        // [T, k]
-  float* topk_weights;      // [T, k]
-  int64_t tokens, hidden;
-  int experts, topk;
-  bool sigmoid, renormalize;
-  int n_group, topk_group;  // n_group 0: plain top-k
-  float routed_scaling_factor;
-};
-
-constexpr int kWarpsPerBlock = 4;
 
 // A candidate of the warp-wide argmax; e < 0 is "none" and loses to everything.
 struct Cand {
@@ -136,7 +118,6 @@ __device__ __forceinline__ float logit_dot(const __nv_bfloat16* x_row, const WT*
 // chunk is loaded once and used for every token of the tile, and the grid spreads the w_gate
 // read over many SMs (DeepSeek-V3's is 3.7 MB: one warp per token would read it on one SM).
 // Each logit is still one lane-strided FMA chain + the butterfly: bitwise logit_dot's value.
-constexpr int kLogitTokens = 8;
 
 template <class WT>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock) logits_kernel(Params p, float* logits) {

@@ -1,12 +1,12 @@
-// router_cta.cuh — stage 1's selection with a CTA per token (decode and mid-size T, 128 < E <=
-// 256): the same ids and weights as router_kernel (router.cuh), bit for bit, with the token's
+// select_cta.cuh — stage 1's selection with a CTA per token (decode and mid-size T, 128 < E <=
+// 256): the same ids and weights as router_kernel (select.cuh), bit for bit, with the token's
 // chain of dependent instructions split over its experts' warps. Launched by router.cu.
 #pragma once
 
 #include <cstdint>
 
 #include "common/device.cuh"
-#include "router/router.cuh"
+#include "router/select.cuh"
 
 namespace moekit::kernels::router {
 
@@ -19,7 +19,6 @@ namespace moekit::kernels::router {
 // then lower expert id) and every sum's order are router_kernel's: the softmax denominator is
 // summed by each warp in router_kernel's lane order, the renormalisation sum in selection order.
 // So the ids and weights are bitwise router_kernel's, which the CPU oracle reproduces.
-constexpr int kCtaMaxExperts = 256;
 constexpr int kCtaWarps = kCtaMaxExperts / 32;
 
 // Logits given (p.logits); 32·ceil(E/32) threads; grid: one CTA per token.

@@ -52,20 +52,20 @@ TEST(Plan, BlockMFollowsRowsPerExpertForThePresets) {
       SCOPED_TRACE(::testing::Message() << p.name << " T=" << T);
       const ForwardPlan plan = plan_forward(shape_of(p, T), kH200);
       const int bm = expected_block_m(T, p.k, p.E);
-      EXPECT_EQ(plan.block_m, bm);
+      EXPECT_EQ(plan.block_m(), bm);
       EXPECT_EQ(plan.up.block_m, bm);
       EXPECT_EQ(plan.down.block_m, bm);
       EXPECT_EQ(plan.up, chosen_for_block_m(bm));  // the first compiled one of its kernel family
-      EXPECT_EQ(plan.max_rows, worst_case_rows(T, p.k, p.E, bm));
-      EXPECT_EQ(plan.max_rows % bm, 0);
-      EXPECT_EQ(plan.max_blocks, plan.max_rows / bm);
+      EXPECT_EQ(plan.max_rows(), worst_case_rows(T, p.k, p.E, bm));
+      EXPECT_EQ(plan.max_rows() % bm, 0);
+      EXPECT_EQ(plan.max_blocks(), plan.max_rows() / bm);
       EXPECT_EQ(plan.shape.tokens, T);
     }
   }
   // The boundary by hand: Mixtral (E 8, k 2) has 12 rows per expert at T 48.
   const Preset& mixtral = kPresets[0];
-  EXPECT_EQ(plan_forward(shape_of(mixtral, 48), kH200).block_m, 16);
-  EXPECT_EQ(plan_forward(shape_of(mixtral, 49), kH200).block_m, 128);
+  EXPECT_EQ(plan_forward(shape_of(mixtral, 48), kH200).block_m(), 16);
+  EXPECT_EQ(plan_forward(shape_of(mixtral, 49), kH200).block_m(), 128);
   EXPECT_EQ(plan_forward(shape_of(mixtral, 49), kH200).up.kernel, GemmKernel::wgmma);
 }
 
@@ -73,13 +73,13 @@ TEST(Plan, MaxRowsByHand) {
   // Mixtral, T 100, k 2: block_m 128 (25 rows per expert); 200 + 8*127 = 1216, rounded up to
   // 1280 = 10 blocks of 128.
   const ForwardPlan a = plan_forward(shape_of(kPresets[0], 100), kH200);
-  EXPECT_EQ(a.block_m, 128);
-  EXPECT_EQ(a.max_rows, 1280);
-  EXPECT_EQ(a.max_blocks, 10);
+  EXPECT_EQ(a.block_m(), 128);
+  EXPECT_EQ(a.max_rows(), 1280);
+  EXPECT_EQ(a.max_blocks(), 10);
   // DeepSeek-V3, T 1: block_m 16; 8 + 256*15 = 3848, rounded up to 3856 = 241 blocks.
   const ForwardPlan b = plan_forward(shape_of(kPresets[2], 1), kH200);
-  EXPECT_EQ(b.max_rows, 3856);
-  EXPECT_EQ(b.max_blocks, 241);
+  EXPECT_EQ(b.max_rows(), 3856);
+  EXPECT_EQ(b.max_blocks(), 241);
 }
 
 TEST(Plan, DeviceMustBeHopperWithEnoughSharedMemory) {
@@ -101,10 +101,10 @@ TEST(Plan, PlanForwardWithTakesCompiledConfigsOnly) {
   const MoeShape s = shape_of(kPresets[1], 4096);
   for (const GemmConfig& c : compiled_gemm_configs()) {
     const ForwardPlan plan = plan_forward_with(s, c, c);
-    EXPECT_EQ(plan.block_m, c.block_m);
+    EXPECT_EQ(plan.block_m(), c.block_m);
     EXPECT_EQ(plan.up, c);
     EXPECT_EQ(plan.down, c);
-    EXPECT_EQ(plan.max_rows, worst_case_rows(s.tokens, s.topk, s.experts, c.block_m));
+    EXPECT_EQ(plan.max_rows(), worst_case_rows(s.tokens, s.topk, s.experts, c.block_m));
   }
   const GemmConfig c16 = compiled_with_block_m(16), c64 = compiled_with_block_m(64);
   GemmConfig odd = c64;
@@ -118,6 +118,61 @@ TEST(Plan, PlanForwardWithTakesCompiledConfigsOnly) {
   EXPECT_TRUE(throws_naming([&] { plan_forward_with(bad, c16, c16); }, "shape.hidden"));
 }
 
+// The wgmma kernel's launcher is unchecked; everything it cannot run is refused where a plan or a
+// call is made, naming the argument, before any launch: block_m other than its 128-row tile, H or
+// F not a multiple of 8 (16-byte rows), split-K, a block_n not compiled. (Misaligned or missing
+// operands and workspace buffers: the stage entries' tests, validation_stage_test.cpp.)
+TEST(Sm90Preconditions, TheBoundaryRefusesWhatTheWgmmaKernelCannotRun) {
+  const MoeShape s{16, 128, 128, 4, 2};
+  std::vector<GemmConfig> wgmma;
+  for (const GemmConfig& c : compiled_gemm_configs())
+    if (c.kernel == GemmKernel::wgmma) wgmma.push_back(c);
+  ASSERT_FALSE(wgmma.empty());
+  const GemmConfig c64 = compiled_with_block_m(64);
+  for (const GemmConfig& w : wgmma) {
+    EXPECT_EQ(w.block_m, 128) << w.str();  // every compiled wgmma config is the kernel's tile
+    EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, w, c64); }, "down")) << w.str();  // block_m differs
+    EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, w, w, 2); }, "down_splits")) << w.str();
+    MoeShape odd = s;
+    odd.hidden = 100;
+    EXPECT_TRUE(throws_naming([&] { plan_forward_with(odd, w, w); }, "shape.hidden")) << w.str();
+    odd = s;
+    odd.inter = 100;
+    EXPECT_TRUE(throws_naming([&] { plan_forward_with(odd, w, w); }, "shape.inter")) << w.str();
+    GemmConfig n192 = w;
+    n192.block_n = 192;
+    EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, n192, n192); }, "up")) << w.str();
+  }
+}
+
+// Every kernel choice of the layer is in the plan: the router's logits tiling and selection, and
+// align's kernel, by the rules of tuning/heuristic.cpp.
+TEST(Plan, RecordsTheRouterAndAlignKernels) {
+  const ForwardPlan mixtral1 = plan_forward(shape_of(kPresets[0], 1), kH200);
+  EXPECT_EQ(mixtral1.router.gate, GateKernel::cluster_16x8);
+  EXPECT_EQ(mixtral1.router.select, SelectKernel::warp);
+  EXPECT_EQ(mixtral1.align, AlignKernel::warp);
+  const ForwardPlan ds16 = plan_forward(shape_of(kPresets[2], 16), kH200);
+  EXPECT_EQ(ds16.router.select, SelectKernel::cta);  // 128 < E <= 256 at decode
+  EXPECT_EQ(ds16.align, AlignKernel::warp);           // 128 assignments
+  const ForwardPlan qwen256 = plan_forward(shape_of(kPresets[1], 256), kH200);
+  EXPECT_EQ(qwen256.router.gate, GateKernel::cluster_32x32);
+  EXPECT_EQ(qwen256.router.select, SelectKernel::warp);  // E = 128
+  EXPECT_EQ(qwen256.align, AlignKernel::cta);            // 2048 assignments
+  const ForwardPlan ds4096 = plan_forward(shape_of(kPresets[2], 4096), kH200);
+  EXPECT_EQ(ds4096.router.gate, GateKernel::pipelined_128x64);
+  EXPECT_EQ(ds4096.router.select, SelectKernel::warp);  // prefill: throughput, not latency
+  EXPECT_EQ(ds4096.align, AlignKernel::grid);
+  EXPECT_EQ(plan_forward(shape_of(kPresets[0], 4096), kH200).router.gate, GateKernel::looped_64x8);  // E = 8
+  // Not enough shared memory for the pipelined kernel's step table: the looped one.
+  DeviceInfo small = kH200;
+  small.smem_per_block_optin = 197000;  // the wgmma tiles' 196,608 bytes fit, the 198,464 of H = 7168 do not
+  EXPECT_EQ(plan_forward_heuristic(shape_of(kPresets[2], 4096), small).router.gate, GateKernel::looped_64x32);
+  // The plan prints them.
+  EXPECT_NE(ds4096.str().find("router=gate=pipelined128x64 select=warp"), std::string::npos) << ds4096.str();
+  EXPECT_NE(ds4096.str().find("align=grid"), std::string::npos) << ds4096.str();
+}
+
 TEST(Plan, ConfigsPrintThemselves) {
   const GemmConfig c{16, 64, 128, 1, 4, 4};
   EXPECT_EQ(c.str(), "m16n64k128w1x4s4");
@@ -127,7 +182,7 @@ TEST(Plan, ConfigsPrintThemselves) {
   const std::string s = plan.str();
   EXPECT_NE(s.find(plan.up.str()), std::string::npos) << s;
   EXPECT_NE(s.find(plan.down.str()), std::string::npos) << s;
-  EXPECT_NE(s.find("block_m=" + std::to_string(plan.block_m)), std::string::npos) << s;
+  EXPECT_NE(s.find("block_m=" + std::to_string(plan.block_m())), std::string::npos) << s;
   EXPECT_NE(s.find("T=1000"), std::string::npos) << s;
   EXPECT_NE(s.find("E=8"), std::string::npos) << s;
 }
@@ -143,8 +198,8 @@ TEST(Plan, CompiledConfigsCoverEveryBlockMTheChooserPicks) {
 TEST(Plan, NoTokensPlansFine) {
   for (const Preset& p : kPresets) {
     const ForwardPlan plan = plan_forward(shape_of(p, 0), kH200);
-    EXPECT_EQ(plan.block_m, 16);
-    EXPECT_EQ(plan.max_rows, worst_case_rows(0, p.k, p.E, 16));
+    EXPECT_EQ(plan.block_m(), 16);
+    EXPECT_EQ(plan.max_rows(), worst_case_rows(0, p.k, p.E, 16));
     EXPECT_GT(workspace_bytes(plan), 0u);
     EXPECT_NO_THROW(carve_workspace(plan, fake_ptr(1), workspace_bytes(plan)));
   }

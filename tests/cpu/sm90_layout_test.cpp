@@ -1,5 +1,5 @@
 // sm90_layout_test.cpp — the layout arithmetic of the Hopper wgmma expert GEMM
-// (src/gemm/sm90_layout.hpp) against the definitions it implements, on the CPU: the 128-byte
+// (src/gemm/sm90/layout.hpp) against the definitions it implements, on the CPU: the 128-byte
 // swizzle (as the PTX ISA / CUDA driver and CuTe's Swizzle<3,4,3> define it), the wgmma matrix
 // descriptor fields, the m64nNk16 accumulator fragment, the epilogue's quad transpose (4 lanes
 // simulated by 4 threads, shuffles through a barrier) and the persistent schedule.
@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "gemm/sm90_layout.hpp"
+#include "gemm/sm90/layout.hpp"
 
-namespace moekit::kernels::sm90 {
+namespace moekit::kernels::gemm::sm90 {
 namespace {
 
 // The configs the launcher compiles (src/gemm/sm90_expert_gemm.cu, MK_SM90_CONFIGS).
@@ -104,8 +104,8 @@ TEST(Sm90Config, SharedMemoryAndRegistersFitAHopperSm) {
   EXPECT_LE(Cfg256::kProducerRegs * kProducerThreads + Cfg256::kConsumerRegs * kConsumerThreads, 168 * kThreads);
   EXPECT_EQ(Cfg256::kABytes, 128u * 64 * 2);
   EXPECT_EQ(Cfg256::kBBytes, 256u * 64 * 2);
-  EXPECT_EQ(Cfg256::cols_per_tile(true), 128);
-  EXPECT_EQ(Cfg256::cols_per_tile(false), 256);
+  EXPECT_EQ(cols_per_tile(Mode::Up, Cfg256::kBlockN), 128);
+  EXPECT_EQ(cols_per_tile(Mode::Down, Cfg256::kBlockN), 256);
 }
 
 TEST(Sm90Accumulator, FragmentCoversTheTileOnceAndMatchesThePtxFigure) {
@@ -234,4 +234,4 @@ TEST(Sm90Schedule, ItemsMapOntoEveryTileOnceInTheMmaSyncKernelsOrder) {
 }
 
 }  // namespace
-}  // namespace moekit::kernels::sm90
+}  // namespace moekit::kernels::gemm::sm90

@@ -144,7 +144,7 @@ TEST(TuningTable, PlanFromTableUsesTheEntryAndSaysSo) {
   t.push_back(entry(512, wg, c128, 4));  // prefill bucket: wgmma up, split mma.sync down
   const auto decode = tuning::plan_from_table(t, mixtral(1), test_gpu());
   ASSERT_TRUE(decode.has_value());
-  EXPECT_EQ(decode->block_m, 16);
+  EXPECT_EQ(decode->block_m(), 16);
   EXPECT_EQ(decode->down_splits, 4);
   EXPECT_EQ(decode->source, "table:configs/test-gpu.json(rows/expert<=0.375)");
   EXPECT_NE(decode->str().find(" source=table:configs/test-gpu.json"), std::string::npos) << decode->str();
@@ -153,7 +153,7 @@ TEST(TuningTable, PlanFromTableUsesTheEntryAndSaysSo) {
   EXPECT_EQ(prefill->up, wg);
   EXPECT_EQ(prefill->down, c128);
   EXPECT_EQ(prefill->down_splits, 4);
-  EXPECT_EQ(prefill->max_rows, worst_case_rows(1000, kK, kE, 128));
+  EXPECT_EQ(prefill->max_rows(), worst_case_rows(1000, kK, kE, 128));
   EXPECT_EQ(prefill->source, "table:configs/test-gpu.json(rows/expert<=512)");
   EXPECT_TRUE(tuning::plan_from_table(t, mixtral(2048), test_gpu()).has_value());  // exactly 512
   EXPECT_FALSE(tuning::plan_from_table(t, mixtral(2049), test_gpu()).has_value());  // 512.25 > 512
@@ -168,7 +168,7 @@ TEST(TuningTable, PlanForwardFallsBackToTheHeuristicUnchanged) {
     EXPECT_EQ(a.up, b.up);
     EXPECT_EQ(a.down, b.down);
     EXPECT_EQ(a.down_splits, b.down_splits);
-    EXPECT_EQ(a.max_rows, b.max_rows);
+    EXPECT_EQ(a.max_rows(), b.max_rows());
     EXPECT_EQ(a.source, "heuristic");
     EXPECT_NE(a.str().find(" source=heuristic"), std::string::npos) << a.str();
   }
@@ -252,9 +252,9 @@ TEST(TuningTableGenerator, SampleTableLookups) {
   // of the shape (<= 128, wgmma) serves it.
   EXPECT_EQ(plan(4, 2)->up.kernel, GemmKernel::wgmma);
   EXPECT_EQ(plan(4, 2)->source, "table:tests/cpu/data/tuning_sample.json(rows/expert<=128)");
-  EXPECT_EQ(plan(512, 2)->block_m, 128);   // exactly 128
+  EXPECT_EQ(plan(512, 2)->block_m(), 128);   // exactly 128
   EXPECT_FALSE(plan(513, 2).has_value());  // above every bound
-  EXPECT_EQ(plan(8, 1)->block_m, 64);      // the k = 1 shape's own entry
+  EXPECT_EQ(plan(8, 1)->block_m(), 64);      // the k = 1 shape's own entry
   EXPECT_FALSE(plan(9, 1).has_value());
   EXPECT_FALSE(tuning::plan_from_table(t, {1, 256, 512, 8, 2}, test_gpu("Sample GPU 1")).has_value());
 }

@@ -228,11 +228,11 @@ std::vector<BadCall> bad_shapes(Entry entry) {
 // Bad routing-layout buffers, which every plan-based entry checks.
 std::vector<BadCall> bad_layout_buffers(Entry entry) {
   return {
-      bad_stage(entry, "sorted_ids too short", [](Stage& s) { s.ws.sorted_ids = with_shape(s.ws.sorted_ids, {s.plan.max_rows - 1}); }, "ws.sorted_ids"),
+      bad_stage(entry, "sorted_ids too short", [](Stage& s) { s.ws.sorted_ids = with_shape(s.ws.sorted_ids, {s.plan.max_rows() - 1}); }, "ws.sorted_ids"),
       bad_stage(entry, "sorted_ids f32", [](Stage& s) { s.ws.sorted_ids.dtype = DType::f32; }, "ws.sorted_ids"),
       bad_stage(entry, "sorted_ids null", [](Stage& s) { s.ws.sorted_ids = with_null_data(s.ws.sorted_ids); }, "ws.sorted_ids"),
       bad_stage(entry, "sorted_ids misaligned", [](Stage& s) { s.ws.sorted_ids = misaligned(s.ws.sorted_ids); }, "ws.sorted_ids"),
-      bad_stage(entry, "block_expert too long", [](Stage& s) { s.ws.block_expert = with_shape(s.ws.block_expert, {s.plan.max_blocks + 1}); }, "ws.block_expert"),
+      bad_stage(entry, "block_expert too long", [](Stage& s) { s.ws.block_expert = with_shape(s.ws.block_expert, {s.plan.max_blocks() + 1}); }, "ws.block_expert"),
       bad_stage(entry, "block_expert null", [](Stage& s) { s.ws.block_expert = with_null_data(s.ws.block_expert); }, "ws.block_expert"),
       bad_stage(entry, "num_rows_padded [2]", [](Stage& s) { s.ws.num_rows_padded = with_shape(s.ws.num_rows_padded, {2}); }, "ws.num_rows_padded"),
       bad_stage(entry, "num_rows_padded misaligned", [](Stage& s) { s.ws.num_rows_padded = misaligned(s.ws.num_rows_padded); }, "ws.num_rows_padded"),
@@ -303,7 +303,7 @@ TEST(ExpertUpValidation, Operands) {
       bad_stage(e, "w13 E+1 experts", [](Stage& s) { s.w13 = with_shape(s.w13, {17, 256, 256}); }, "w13"),
       bad_stage(e, "w13 null", [](Stage& s) { s.w13 = with_null_data(s.w13); }, "w13"),
       bad_stage(e, "w13 misaligned", [](Stage& s) { s.w13 = misaligned(s.w13); }, "w13"),
-      bad_stage(e, "act wrong F", [](Stage& s) { s.ws.act = with_shape(s.ws.act, {s.plan.max_rows, 136}); }, "ws.act"),
+      bad_stage(e, "act wrong F", [](Stage& s) { s.ws.act = with_shape(s.ws.act, {s.plan.max_rows(), 136}); }, "ws.act"),
       bad_stage(e, "act f32", [](Stage& s) { s.ws.act.dtype = DType::f32; }, "ws.act"),
       bad_stage(e, "y_rows T*k-1 rows", [](Stage& s) { s.ws.y_rows = with_shape(s.ws.y_rows, {31, 256}); }, "ws.y_rows"),
   });
@@ -332,8 +332,8 @@ TEST(ExpertDownValidation, Operands) {
 }
 
 TEST(PlanConsistency, EntriesRejectAPlanThatNoLongerFitsItsShape) {
-  // Planned for 8 tokens, then reused for 4096: the layout needs 4096*4 + 16*15 rows, the plan
-  // reserves 8*4 + 16*15 rounded. Workspace views carved from the same (stale) plan.
+  // Planned for 8 tokens, then reused for 4096: the plan's align kernel (one warp, for 8*4
+  // assignments) cannot take 4096*4. Workspace views carved from the same (stale) plan.
   Stage s = valid_stage(8);
   s.plan.shape.tokens = 4096;
   s.ws = carve_workspace(s.plan, fake_ptr(8), workspace_bytes(s.plan));
@@ -343,9 +343,9 @@ TEST(PlanConsistency, EntriesRejectAPlanThatNoLongerFitsItsShape) {
   EXPECT_TRUE(throws_naming([&] { call(Entry::align, s); }, "plan"));
   EXPECT_TRUE(throws_naming([&] { call(Entry::expert_up, s); }, "plan"));
   EXPECT_TRUE(throws_naming([&] { call(Entry::expert_down, s); }, "plan"));
-  // A hand-made plan whose block_m disagrees with its configs.
+  // A hand-made plan whose two GEMM configs disagree on block_m.
   Stage m = valid_stage(8);
-  m.plan.block_m = 0;
+  m.plan.down.block_m = 0;
   EXPECT_TRUE(throws_naming([&] { call(Entry::align, m); }, "plan"));
 }
 

@@ -1,5 +1,5 @@
-// waves_test.cpp — the mma.sync expert GEMM's even-wave rule (src/gemm/waves.hpp) on the points
-// measured on the H200 (dev/s6-call4.sh): items = blocks x column tiles (x K-splits), grid = SMs x
+// waves_test.cpp — the mma.sync expert GEMM's even-wave rule (src/gemm/mma_sync/waves.hpp) on the
+// points measured on the H200: items = blocks x column tiles (x K-splits), grid = SMs x
 // resident CTAs.
 //
 // Build and run: cmake --build build --target moekit_cpu_tests && ./build/tests/moekit_cpu_tests --gtest_filter='Waves*'
@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "gemm/waves.hpp"
+#include "gemm/mma_sync/waves.hpp"
 
-namespace moekit::kernels::gemm {
+namespace moekit::kernels::gemm::mma_sync {
 namespace {
 
 // Every CTA that takes items gets `waves` of them (the last one possibly fewer), and all items are
@@ -53,4 +53,4 @@ TEST(Waves, OneWaveUsesOneCtaPerItem) {
 }
 
 }  // namespace
-}  // namespace moekit::kernels::gemm
+}  // namespace moekit::kernels::gemm::mma_sync

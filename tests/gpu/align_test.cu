@@ -19,7 +19,7 @@ class AlignTest : public GpuTest {
     align(plan, Tensor(d_ids.ptr, DType::i32, {T, k}), ws, stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
 
-    const ref::Aligned want = ref::align(ids.data(), T, k, E, plan.block_m, plan.max_blocks);
+    const ref::Aligned want = ref::align(ids.data(), T, k, E, plan.block_m(), plan.max_blocks());
     auto dl = [](const Tensor& t) {
       std::vector<int32_t> h(static_cast<size_t>(t.numel()));
       if (!h.empty()) MK_CUDA_CHECK(cudaMemcpy(h.data(), t.data, h.size() * 4, cudaMemcpyDeviceToHost));

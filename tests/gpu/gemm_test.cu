@@ -48,8 +48,8 @@ class GemmTest : public GpuTest {
               Tensor(d.w13.ptr, DType::bf16, {s.experts, 2 * s.inter, s.hidden}), ws, stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
 
-    const ref::Aligned al = ref::align(ids.data(), s.tokens, s.topk, s.experts, plan.block_m, plan.max_blocks);
-    std::vector<ref::bf16> act(static_cast<size_t>(plan.max_rows * s.inter));
+    const ref::Aligned al = ref::align(ids.data(), s.tokens, s.topk, s.experts, plan.block_m(), plan.max_blocks());
+    std::vector<ref::bf16> act(static_cast<size_t>(plan.max_rows() * s.inter));
     MK_CUDA_CHECK(cudaMemcpy(act.data(), ws.act.data, act.size() * 2, cudaMemcpyDeviceToHost));
 
     // Up: every real row against the double-precision oracle; padding rows stay poisoned.
@@ -61,7 +61,7 @@ class GemmTest : public GpuTest {
         for (int64_t f = 0; f < s.inter; ++f) ASSERT_EQ(row[f], 0xffff) << "padding row " << r << " was written";
         continue;
       }
-      const int32_t e = al.block_expert[size_t(r / plan.block_m)];
+      const int32_t e = al.block_expert[size_t(r / plan.block_m())];
       const auto ref_act = ref::expert_act(x.data() + (a / s.topk) * s.hidden, w13.data() + e * 2 * s.inter * s.hidden, s.hidden, s.inter);
       for (int64_t f = 0; f < s.inter; ++f) got.push_back(ref::to_float(row[f]));
       want.insert(want.end(), ref_act.begin(), ref_act.end());
@@ -97,7 +97,7 @@ class GemmTest : public GpuTest {
     for (int32_t r = 0; r < al.num_rows_padded; ++r) {
       const int32_t a = al.sorted_ids[size_t(r)];
       if (a >= TK) continue;
-      const int32_t e = al.block_expert[size_t(r / plan.block_m)];
+      const int32_t e = al.block_expert[size_t(r / plan.block_m())];
       const auto ref_y = ref::expert_down_row(act.data() + int64_t(r) * s.inter, w2.data() + e * s.hidden * s.inter,
                                               weights[size_t(a)], s.hidden, s.inter);
       for (int64_t h = 0; h < s.hidden; ++h) {

@@ -14,9 +14,10 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
-#include "gemm/expert_gemm.cuh"
-#include "gemm/sm90_expert_gemm.hpp"
+#include "gemm/launch.hpp"
+#include "gemm/params.hpp"
 #include "gpu_util.hpp"
 
 namespace moekit::test {
@@ -33,6 +34,14 @@ constexpr double kDownRelTol = 2.5 / 512;
 // Element-wise screen for the diagnostics (not the contract): a wrong element of a layout or
 // pipeline bug is off by O(1) of the row's scale; rounding is 2^-9 of the element.
 constexpr double kElemRelTol = 1.0 / 64;
+
+// Every compiled block_n of the wgmma kernel (the planner's config list).
+std::vector<int> wgmma_block_ns() {
+  std::vector<int> ns;
+  for (const GemmConfig& c : compiled_gemm_configs())
+    if (c.kernel == GemmKernel::wgmma) ns.push_back(c.block_n);
+  return ns;
+}
 
 // The mma.sync config whose block_m (128) the sm90 kernel shares: it gives the plan and align.
 const GemmConfig kPlanConfig{128, 128, 64, 2, 4, 3};
@@ -142,15 +151,15 @@ class Sm90GemmTest : public GpuTest {
     detail::launch_sm90_expert_gemm(Mode::Up, up, plan, stream, block_n);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
 
-    const ref::Aligned al = ref::align(ids.data(), s.tokens, s.topk, s.experts, plan.block_m, plan.max_blocks);
+    const ref::Aligned al = ref::align(ids.data(), s.tokens, s.topk, s.experts, plan.block_m(), plan.max_blocks());
     Outputs out;
-    out.act.resize(static_cast<size_t>(plan.max_rows * s.inter));
+    out.act.resize(static_cast<size_t>(plan.max_rows() * s.inter));
     MK_CUDA_CHECK(cudaMemcpy(out.act.data(), ws.act.data, out.act.size() * 2, cudaMemcpyDeviceToHost));
     std::vector<ref::bf16>& act = out.act;
 
     // ---- Up: every real row against the double-precision oracle; padding rows stay poisoned.
     const auto ref_acts = oracle_rows(al, TK, [&](int32_t r, int32_t a) {
-      const int32_t e = al.block_expert[size_t(r / plan.block_m)];
+      const int32_t e = al.block_expert[size_t(r / plan.block_m())];
       return ref::expert_act(x.data() + (a / s.topk) * s.hidden, w13.data() + e * 2 * s.inter * s.hidden, s.hidden,
                              s.inter);
     });
@@ -203,7 +212,7 @@ class Sm90GemmTest : public GpuTest {
     const std::vector<ref::bf16>& y_rows = out.y_rows;
 
     const auto ref_ys = oracle_rows(al, TK, [&](int32_t r, int32_t a) {
-      const int32_t e = al.block_expert[size_t(r / plan.block_m)];
+      const int32_t e = al.block_expert[size_t(r / plan.block_m())];
       return ref::expert_down_row(act.data() + int64_t(r) * s.inter, w2.data() + e * s.hidden * s.inter,
                                   weights[size_t(a)], s.hidden, s.inter);
     });
@@ -239,7 +248,7 @@ class Sm90GemmTest : public GpuTest {
 };
 
 TEST_F(Sm90GemmTest, RandomData) {
-  for (int bn : detail::sm90_block_ns()) {
+  for (int bn : wgmma_block_ns()) {
     run({33, 256, 192, 8, 2, RoutingKind::Uniform}, bn, false);
     run({200, 128, 320, 16, 4, RoutingKind::Uniform}, bn, false);
     run({5, 264, 136, 4, 2, RoutingKind::Uniform}, bn, false);  // K and N not multiples of the tile
@@ -248,7 +257,7 @@ TEST_F(Sm90GemmTest, RandomData) {
 }
 
 TEST_F(Sm90GemmTest, SmallIntegersAreExact) {
-  for (int bn : detail::sm90_block_ns()) {
+  for (int bn : wgmma_block_ns()) {
     run({64, 256, 192, 8, 2, RoutingKind::Uniform}, bn, true);
     run({17, 192, 128, 4, 2, RoutingKind::AllOnOne}, bn, true);
     run({150, 520, 264, 3, 2, RoutingKind::Uniform}, bn, true);
@@ -256,7 +265,7 @@ TEST_F(Sm90GemmTest, SmallIntegersAreExact) {
 }
 
 TEST_F(Sm90GemmTest, AdversarialRoutings) {
-  for (int bn : detail::sm90_block_ns()) {
+  for (int bn : wgmma_block_ns()) {
     run({300, 128, 128, 16, 2, RoutingKind::AllOnOne}, bn, false);
     run({100, 128, 128, 32, 2, RoutingKind::EmptyExperts}, bn, false);
     run({1, 128, 128, 32, 4, RoutingKind::SingleToken}, bn, false);
@@ -276,7 +285,7 @@ TEST_F(Sm90GemmTest, AdversarialRoutings) {
 // stage and item rings wrap many times, and the producer runs ahead into the next tile while the
 // consumers store the previous one.
 TEST_F(Sm90GemmTest, ManyTilesPerCta) {
-  for (int bn : detail::sm90_block_ns()) {
+  for (int bn : wgmma_block_ns()) {
     // 6144 rows = 48+ blocks; Up 384/(bn/2) and Down 768/bn column tiles: 144+ items per GEMM.
     run({3072, 768, 384, 4, 2, RoutingKind::Uniform}, bn, true);
     // 24576 rows = 192+ blocks, short K: 384-768 items (Up), 3-6 per CTA, claimed in quick succession.
@@ -285,7 +294,7 @@ TEST_F(Sm90GemmTest, ManyTilesPerCta) {
 }
 
 TEST_F(Sm90GemmTest, BitwiseDeterministic) {
-  for (int bn : detail::sm90_block_ns()) {
+  for (int bn : wgmma_block_ns()) {
     const ForwardPlan plan = plan_forward_with({700, 384, 320, 8, 2}, kPlanConfig, kPlanConfig);
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed) + " block_n " + std::to_string(bn));
@@ -301,41 +310,8 @@ TEST_F(Sm90GemmTest, BitwiseDeterministic) {
   }
 }
 
-// The launcher's preconditions throw before any CUDA call (no GPU needed).
-TEST(Sm90GemmValidation, RejectsWhatTheKernelCannotDo) {
-  const MoeShape s{16, 128, 128, 4, 2};
-  const ForwardPlan plan128 = plan_forward_with(s, kPlanConfig, kPlanConfig);
-  const ForwardPlan plan64 = plan_forward_with(s, GemmConfig{64, 128, 64, 2, 4, 4}, GemmConfig{64, 128, 64, 2, 4, 4});
-  alignas(16) static int32_t dummy[64];
-  Params p{};
-  p.a = p.b = reinterpret_cast<const __nv_bfloat16*>(dummy);
-  p.out = reinterpret_cast<__nv_bfloat16*>(dummy);
-  p.sorted_ids = p.block_expert = p.num_rows_padded = dummy;
-  p.tile_counter = dummy;
-  p.topk_weights = reinterpret_cast<const float*>(dummy);
-  p.num_assign = 32, p.topk = 2, p.k_dim = 128, p.n_dim = 128, p.b_expert_stride = 2 * 128 * 128;
-  auto expect_error = [&](const Params& q, const ForwardPlan& plan, int bn, const char* needle) {
-    try {
-      detail::launch_sm90_expert_gemm(Mode::Up, q, plan, nullptr, bn);
-      ADD_FAILURE() << "no error for " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  expect_error(p, plan64, 256, "plan.block_m");
-  Params q = p;
-  q.k_dim = 100, q.b_expert_stride = 2 * 128 * 100;
-  expect_error(q, plan128, 256, "p.k_dim");
-  q = p, q.b_expert_stride = 7;
-  expect_error(q, plan128, 256, "p.b_expert_stride");
-  q = p, q.k_splits = 2;
-  expect_error(q, plan128, 256, "p.k_splits");
-  expect_error(p, plan128, 192, "block_n");
-  q = p, q.out = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(dummy) + 2);
-  expect_error(q, plan128, 256, "p.out");
-  q = p, q.tile_counter = nullptr;
-  expect_error(q, plan128, 256, "p.tile_counter");
-}
+// The launcher is unchecked: what it cannot run is refused at the public boundary, before any
+// launch (tests/cpu/plan_test.cpp, Sm90Preconditions).
 
 }  // namespace
 }  // namespace moekit::test

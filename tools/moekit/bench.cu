@@ -147,7 +147,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     std::printf("DETERMINISM FAILED: y after the timed runs differs from the checked y (T=%lld)\n", (long long)T);
     ok = false;
   }
-  Routed routed{0, rows_padded, plan.block_m};
+  Routed routed{0, rows_padded, plan.block_m()};
   int32_t max_count = 0;
   for (int32_t c : counts) {
     routed.touched_experts += c > 0;

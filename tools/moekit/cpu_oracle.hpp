@@ -72,7 +72,7 @@ inline void check_routing(const ref::Routing& r, int64_t T, int64_t E, int64_t k
 
 inline void check_aligned(const ref::Aligned& al, const std::vector<int32_t>& ids, const ForwardPlan& plan, Failures& f) {
   const MoeShape& s = plan.shape;
-  const int64_t A = s.tokens * s.topk, bm = plan.block_m;
+  const int64_t A = s.tokens * s.topk, bm = plan.block_m();
   const std::string where = "align block_m=" + std::to_string(bm) + ": ";
   f.expect(al.status == 0, where + "status bits set for valid ids");
   std::vector<int32_t> hist(size_t(s.experts), 0);
@@ -82,7 +82,7 @@ inline void check_aligned(const ref::Aligned& al, const std::vector<int32_t>& id
   for (int32_t c : hist) padded += (c + bm - 1) / bm * bm;
   f.expect(al.num_rows_padded == padded, where + "num_rows_padded " + std::to_string(al.num_rows_padded) +
                                              " != sum of counts rounded up to block_m = " + std::to_string(padded));
-  f.expect(al.num_rows_padded % bm == 0 && al.num_rows_padded <= plan.max_rows,
+  f.expect(al.num_rows_padded % bm == 0 && al.num_rows_padded <= plan.max_rows(),
            where + "num_rows_padded not a multiple of block_m or above max_rows = T*k + E*(block_m-1)");
   f.expect(int64_t(al.sorted_ids.size()) == al.num_rows_padded, where + "sorted_ids length != num_rows_padded");
   std::vector<int> times(size_t(A), 0);
@@ -178,7 +178,7 @@ inline int run_cpu_oracle(const LayerSpec& preset, int64_t T, uint64_t seed) {
       for (const GemmConfig& c : compiled_gemm_configs())
         if (c.block_m == bm) cfg = c;
       const ForwardPlan plan = plan_forward_with(s, cfg, cfg);
-      const ref::Aligned al = ref::align(r.ids.data(), T, k, E, bm, plan.max_blocks);
+      const ref::Aligned al = ref::align(r.ids.data(), T, k, E, bm, plan.max_blocks());
       oracle::check_aligned(al, r.ids, plan, f);
       const std::vector<ref::bf16> y = oracle::staged_y(s, al, bm, x, w13, w2, r);
       double worst = 0;
@@ -192,7 +192,7 @@ inline int run_cpu_oracle(const LayerSpec& preset, int64_t T, uint64_t seed) {
                                             std::to_string(worst) + " above the bound");
       std::printf("  align block_m=%d: %lld assignments each once, num_rows_padded %d (max_rows %lld); "
                   "staged y vs naive loop: rel err max %.3e (bound %.0e)\n",
-                  bm, (long long)(T * k), al.num_rows_padded, (long long)plan.max_rows, worst, kYRelTolerance);
+                  bm, (long long)(T * k), al.num_rows_padded, (long long)plan.max_rows(), worst, kYRelTolerance);
     }
   }
   for (const std::string& m : f.list) std::printf("  FAILED: %s\n", m.c_str());

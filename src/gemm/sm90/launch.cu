@@ -1,6 +1,8 @@
-// sm90_expert_gemm.cu — launcher of the Hopper (wgmma + TMA) prefill expert GEMM: checks the
-// preconditions the kernel relies on, encodes the weights' TMA descriptor (4-D view, 128-byte
-// swizzle), sizes the persistent grid from the device and launches.
+// launch.cu — host side of the Hopper (wgmma + TMA) prefill expert GEMM: encodes the weights' TMA
+// descriptor (4-D view, 128-byte swizzle), sizes the persistent grid from the device and launches
+// the compiled config the plan names. Unchecked: what the kernel relies on (block_m 128, H and F
+// multiples of 8 below 2^31, no split-K, a compiled block_n, 16-byte aligned operands, rows and
+// work items in 32 bits) is guaranteed by plan_forward_with and the public entries' validation.
 //
 // The TMA descriptor is encoded per call (it holds the weight pointer) by cuTensorMapEncodeTiled,
 // a pure host function reached through the runtime's driver entry point (no libcuda link), and
@@ -17,22 +19,16 @@
 #include "common/per_device.hpp"
 #include "common/validate.hpp"
 #include "gemm/configs.hpp"
-#include "gemm/sm90_expert_gemm.cuh"
-#include "gemm/sm90_expert_gemm.hpp"
+#include "gemm/launch.hpp"
+#include "gemm/sm90/kernel.cuh"
 
 namespace moekit::detail {
 
 namespace {
 
-namespace sm90 = kernels::sm90;
+namespace sm90 = kernels::gemm::sm90;
 using kernels::gemm::Mode;
 using kernels::gemm::Params;
-
-static_assert(kSm90BlockM == sm90::kBlockM, "the host header and the kernel must agree on block_m");
-
-// The compiled (block_n, stages) pairs are MOEKIT_WGMMA_CONFIGS (gemm/configs.hpp): shared
-// memory ~193 KB each (4 x 48 KB, 6 x 32 KB stages).
-#define MK_SM90_CONFIGS(X) MOEKIT_WGMMA_CONFIGS(X)
 
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -88,7 +84,7 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
     return int64_t(count);
   });
   Params p = p_in;
-  const int64_t cols = Cfg::cols_per_tile(M == Mode::Up);
+  const int64_t cols = kernels::gemm::cols_per_tile(M, BN);
   p.n_tiles = (p.n_dim + cols - 1) / cols;
   const int64_t grid = std::max<int64_t>(1, std::min(sms, max_blocks * p.n_tiles));
   // The claim counter starts at zero every launch: a memset node in a graph, no host work.
@@ -97,65 +93,23 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
              b_map);
 }
 
-void check(bool ok, const char* arg, const std::string& what) {
-  if (!ok) fail("sm90_expert_gemm", arg, what);
-}
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
-const std::vector<int>& sm90_block_ns() {
-#define MK_SM90_BN(bn, st) bn,
-  static const std::vector<int> ns = {MK_SM90_CONFIGS(MK_SM90_BN)};
-#undef MK_SM90_BN
-  return ns;
-}
-
 void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan, cudaStream_t stream, int block_n) {
-  // The kernel's preconditions, each named (DESIGN "Rules": validate at the boundary).
-  check(plan.block_m == kSm90BlockM, "plan.block_m",
-        "must be " + std::to_string(kSm90BlockM) + " (the sm90 kernel's M tile), got " + std::to_string(plan.block_m));
-  check(p.k_dim > 0 && p.k_dim % 8 == 0 && p.k_dim < (int64_t(1) << 31), "p.k_dim",
-        "must be a positive multiple of 8 below 2^31 (16-byte rows), got " + std::to_string(p.k_dim));
-  check(p.n_dim > 0 && p.n_dim % 8 == 0 && p.n_dim < (int64_t(1) << 31), "p.n_dim",
-        "must be a positive multiple of 8 below 2^31 (16-byte stores), got " + std::to_string(p.n_dim));
-  check(plan.shape.experts > 0 && plan.shape.experts < (int64_t(1) << 31), "plan.shape.experts",
-        "must be in [1, 2^31), got " + std::to_string(plan.shape.experts));
-  const int64_t b_rows = mode == Mode::Up ? 2 * p.n_dim : p.n_dim;
-  check(p.b_expert_stride == b_rows * p.k_dim, "p.b_expert_stride",
-        "must be " + std::to_string(b_rows) + "·" + std::to_string(p.k_dim) + " (dense [E, rows, K] weights), got " +
-            std::to_string(p.b_expert_stride));
-  check(p.a != nullptr && aligned16(p.a), "p.a", "must be a non-null 16-byte aligned pointer");
-  check(p.b != nullptr && aligned16(p.b), "p.b", "must be a non-null 16-byte aligned pointer");
-  check(p.out != nullptr && aligned16(p.out), "p.out", "must be a non-null 16-byte aligned pointer");
-  check(p.sorted_ids && p.block_expert && p.num_rows_padded, "p.sorted_ids", "routing pointers must be given");
-  check(p.tile_counter != nullptr, "p.tile_counter", "must be given (ws.gemm_counter: the kernel claims work items)");
-  check(mode == Mode::Up || p.topk_weights != nullptr, "p.topk_weights", "must be given for the down GEMM");
-  check(p.topk > 0, "p.topk", "must be positive");
-  check(p.k_splits <= 1 && p.partials == nullptr, "p.k_splits",
-        "split-K is not supported (a decode technique; this is the prefill kernel), got " + std::to_string(p.k_splits));
-  const auto& ns = sm90_block_ns();
-  check(std::find(ns.begin(), ns.end(), block_n) != ns.end(), "block_n",
-        "no compiled config has block_n " + std::to_string(block_n));
-  check(plan.max_rows < (int64_t(1) << 31) && plan.max_blocks * ((p.n_dim + 63) / 64) < (int64_t(1) << 31), "plan",
-        "rows and work items must fit in 32 bits (the kernel schedules with int32), got max_rows " +
-            std::to_string(plan.max_rows));
-  if (plan.max_blocks == 0) return;
+  if (plan.max_blocks() == 0) return;
 
   const CUtensorMap b_map = make_b_map(mode, p, plan.shape.experts, block_n);
-  nvtxRangePushA(mode == Mode::Up ? "moekit.sm90_expert_up" : "moekit.sm90_expert_down");
 #define MK_SM90_DISPATCH(bn, st)                                                    \
   if (block_n == bn) {                                                              \
     if (mode == Mode::Up)                                                           \
-      launch_instance<Mode::Up, bn, st>(p, b_map, plan.max_blocks, stream);         \
+      launch_instance<Mode::Up, bn, st>(p, b_map, plan.max_blocks(), stream);       \
     else                                                                            \
-      launch_instance<Mode::Down, bn, st>(p, b_map, plan.max_blocks, stream);       \
-    nvtxRangePop();                                                                 \
+      launch_instance<Mode::Down, bn, st>(p, b_map, plan.max_blocks(), stream);     \
     return;                                                                         \
   }
-  MK_SM90_CONFIGS(MK_SM90_DISPATCH)
+  MOEKIT_WGMMA_CONFIGS(MK_SM90_DISPATCH)
 #undef MK_SM90_DISPATCH
-  nvtxRangePop();
+  fail("expert_gemm", "plan", "no compiled wgmma config has block_n " + std::to_string(block_n));
 }
 
 }  // namespace moekit::detail

@@ -1,10 +1,10 @@
-// sm90_layout.hpp — the layout arithmetic of the Hopper (wgmma) expert GEMM, host and device.
+// layout.hpp — the layout arithmetic of the Hopper (wgmma) expert GEMM, host and device.
 //
 // Everything here is a pure function so the CPU tests (tests/cpu/sm90_layout_test.cpp) can check
-// it against the PTX ISA's definitions before the kernel (sm90_expert_gemm.cuh) ever runs:
-// the 128-byte shared-memory swizzle the A producer writes and TMA/wgmma use, the wgmma matrix
-// descriptor, where the m64nNk16 accumulator fragment puts each element, and the 4-lane
-// transpose the epilogue uses to turn 4-byte fragments into 16-byte row stores.
+// it against the PTX ISA's definitions before the kernel ever runs: the 128-byte shared-memory
+// swizzle the A producer writes and TMA/wgmma use, the wgmma matrix descriptor, where the
+// m64nNk16 accumulator fragment puts each element, the 4-lane transpose the epilogue uses to turn
+// 4-byte fragments into 16-byte row stores, and the work-item -> tile map.
 #pragma once
 
 #include <cstddef>
@@ -12,64 +12,9 @@
 
 #include "common/canon.hpp"  // MK_HD
 #include "gemm/item_order.hpp"
+#include "gemm/sm90/geometry.hpp"
 
-namespace moekit::kernels::sm90 {
-
-// ---- tile geometry ------------------------------------------------------------------------------
-inline constexpr int kBlockM = 128;      // rows per tile: the aligned layout's block_m
-inline constexpr int kBlockK = 64;       // bf16 per smem row = one 128-byte swizzle row
-inline constexpr int kRowBytes = kBlockK * 2;
-inline constexpr int kSwizzleAtomBytes = 8 * kRowBytes;  // 8 rows: the 128B pattern's period
-inline constexpr int kWgmmaM = 64;       // rows per wgmma (one consumer warpgroup)
-inline constexpr int kWgmmaK = 16;       // bf16 reduction depth per wgmma
-inline constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
-inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
-inline constexpr int kProducerThreads = 128;  // one warpgroup: A gather (cp.async) + B (TMA)
-inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
-inline constexpr int kItemSlots = 2;  // the work-item channel's ring (sm90_expert_gemm.cuh)
-static_assert(kRowBytes == 128, "the 128B swizzle needs rows of exactly 128 bytes");
-
-// The tile configuration of one compiled instance: BN columns of B per tile, STAGES-deep ring.
-template <int BN, int STAGES>
-struct Config {
-  static constexpr int kBlockN = BN;
-  static constexpr int kStages = STAGES;
-  static constexpr int kAccs = BN / 2;  // m64nBN f32 accumulators per consumer thread
-  static constexpr uint32_t kABytes = kBlockM * kRowBytes;  // one stage of A: [128][64] bf16
-  static constexpr uint32_t kBBytes = BN * kRowBytes;       // one stage of B: [BN][64] bf16
-  static constexpr uint32_t kAOffset = 0;
-  static constexpr uint32_t kBOffset = kAOffset + STAGES * kABytes;
-  static constexpr uint32_t kBarOffset = kBOffset + STAGES * kBBytes;  // full[STAGES], empty[STAGES]
-  // The work-item channel (sm90_expert_gemm.cuh "Work items"): item_full[2], item_empty[2], then
-  // the two slots of {item, live warpgroups} (int32 each).
-  static constexpr uint32_t kItemBarOffset = kBarOffset + 2 * STAGES * 8;
-  static constexpr uint32_t kItemSlotOffset = kItemBarOffset + 2 * kItemSlots * 8;
-  // +1024: the dynamic-smem base is only guaranteed 16-byte aligned; the kernel rounds it up.
-  static constexpr size_t kSmemBytes = kItemSlotOffset + kItemSlots * 8 + kSwizzleAtomBytes;
-  // full: 128 cp.async arrivals (.noinc) + 1 arrive.expect_tx of the TMA thread.
-  static constexpr uint32_t kFullArrivals = kProducerThreads + 1;
-  // empty: lane 0 of every consumer warp, once its warpgroup's wgmma on the stage completed.
-  static constexpr uint32_t kEmptyArrivals = kConsumerThreads / 32;
-  // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot.
-  static constexpr uint32_t kItemFullArrivals = 1;
-  static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
-  // 128·64 + 256·216 = 63488 <= the 384 × 168 registers the CTA is launched with. The producer
-  // needs 64 since it publishes work items (claim, two ids); the consumers fit 216 without a spill.
-  static constexpr int kProducerRegs = 64;
-  static constexpr int kConsumerRegs = 216;
-  // Output columns per tile: Up pairs BN/2 gate with the same BN/2 up columns.
-  static constexpr int cols_per_tile(bool up) { return up ? BN / 2 : BN; }
-
-  static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
-  static_assert(BN % 64 == 0, "Up stores BN/2 columns in groups of 32 (the quad transpose)");
-  static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
-  static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,
-                "every stage must start on a 1024-byte swizzle atom");
-  static_assert(kBlockM * kBlockK / 8 == kProducerThreads * 8, "A gather: 8 chunks of 16 B per producer thread");
-  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 168 * kThreads,
-                "setmaxnreg must stay within the registers the CTA was launched with");
-  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
-};
+namespace moekit::kernels::gemm::sm90 {
 
 // ---- 128-byte swizzle -----------------------------------------------------------------------------
 // PTX ISA / CUDA driver (CU_TENSOR_MAP_SWIZZLE_128B, wgmma layout type 1): inside each 1024-byte
@@ -151,4 +96,4 @@ MK_HD constexpr TileCoord item_to_tile(int32_t item, int32_t blocks, int32_t n_t
   return gemm::grouped_tile(item, blocks, n_tiles);
 }
 
-}  // namespace moekit::kernels::sm90
+}  // namespace moekit::kernels::gemm::sm90

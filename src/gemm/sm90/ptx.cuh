@@ -1,4 +1,4 @@
-// sm90_ptx.cuh — the Hopper PTX the wgmma expert GEMM (sm90_expert_gemm.cuh) is built from:
+// ptx.cuh — the Hopper PTX the wgmma expert GEMM (this folder) is built from:
 // shared-memory words, mbarriers, cp.async with mbarrier completion, TMA tile loads, wgmma and its
 // fences, setmaxnreg.
 // Thin wrappers, one instruction each; the protocol that combines them lives in the kernel.
@@ -11,9 +11,7 @@
 
 #include "common/async_copy.cuh"
 
-namespace moekit::kernels::sm90::ptx {
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+namespace moekit::kernels::gemm::sm90::ptx {
 
 // ---- shared memory words (the work-item channel) --------------------------------------------------
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, int32_t v) {
@@ -190,4 +188,4 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
 }
 
-}  // namespace moekit::kernels::sm90::ptx
+}  // namespace moekit::kernels::gemm::sm90::ptx

@@ -1,0 +1,32 @@
+// launch.hpp — the internal launchers of stages 3 and 4 (host-only declarations). Unchecked: the
+// public entries (expert_up, expert_down, moe_forward, experts_forward, EpLayer) validate their
+// arguments once, and plan_forward_with guarantees that the plan's configs can run its shape;
+// these only enqueue. No allocation, no synchronisation: safe to capture in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "gemm/params.hpp"
+#include "moekit/moe.hpp"
+
+namespace moekit::detail {
+
+// act = SwiGLU(x·W13ᵀ) for every sorted row of ws (x [T, H], w13 [E, 2F, H]), with plan.up.
+void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, const Workspace& ws,
+                      cudaStream_t stream);
+// y_rows (or y_partials) = topk_weights · act·W2ᵀ for every sorted row of ws, with plan.down.
+void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,
+                        cudaStream_t stream);
+
+// The two families, for `p` filled from a plan (p.n_tiles and p.k_tiles_per_split are set here).
+// mma.sync (src/gemm/mma_sync): any compiled mma_sync config, split-K allowed.
+void launch_mma_sync_gemm(kernels::gemm::Mode mode, const GemmConfig& config, const kernels::gemm::Params& p,
+                          int64_t max_blocks, cudaStream_t stream);
+// wgmma + TMA (src/gemm/sm90): plan.block_m() 128, a compiled block_n, no split-K; `plan` gives E
+// (the weights' 4-D TMA view) and max_blocks (the grid bound).
+void launch_sm90_expert_gemm(kernels::gemm::Mode mode, const kernels::gemm::Params& p, const ForwardPlan& plan,
+                             cudaStream_t stream, int block_n);
+
+}  // namespace moekit::detail

@@ -1,0 +1,79 @@
+// kernel.cuh — the mma.sync expert GEMM (stages 3 and 4 for decode and small batches), composed of
+// its parts: DealtSchedule (scheduler.cuh: which items this CTA takes), Loader (loader.cuh: the
+// cp.async stream of A and B), Mainloop (mainloop.cuh: ldmatrix + mma per K-tile) and Epilogue
+// (epilogue.cuh: SwiGLU, or the routing weight and the store). The contract is gemm/common.cuh's.
+//
+// One loop walks the CTA's K-tile stream through a STAGES-deep ring: step s waits for K-tile s,
+// refills the slot that step s - 1 freed with K-tile s + STAGES - 1, and multiplies K-tile s; when
+// an item's K-tiles are summed its epilogue runs and the next item starts, while the loader is
+// already STAGES - 1 K-tiles into it. Each tile is summed in K order by one CTA, so results are
+// bitwise those of a tile-at-a-time loop.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/async_copy.cuh"
+#include "common/device.cuh"
+#include "gemm/mma_sync/epilogue.cuh"
+#include "gemm/mma_sync/loader.cuh"
+#include "gemm/mma_sync/mainloop.cuh"
+#include "gemm/mma_sync/scheduler.cuh"
+#include "gemm/mma_sync/tile.hpp"
+
+namespace moekit::kernels::gemm::mma_sync {
+
+template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
+__global__ void __launch_bounds__(Tile<BM, BN, BK, WM, WN, STAGES>::kThreads, 1)
+expert_gemm_kernel(const Params p) {
+  using Cfg = Tile<BM, BN, BK, WM, WN, STAGES>;
+  dev::pdl_enter();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  const DealtSchedule<Cfg> sched(p);
+  if (!sched.cta_has_items()) return;
+  const int64_t k_tiles_total = (p.k_dim + BK - 1) / BK;
+  const int tid = int(threadIdx.x);
+
+  Loader<M, Cfg> loader(p, sched, k_tiles_total, tid);
+  const WarpTile<M, Cfg> warp(tid);
+  Mainloop<M, Cfg> mma;
+  mma.zero();
+  Epilogue<M, Cfg> epi;
+
+  // The consumer's item: c_left of its K-tiles still to multiply.
+  int64_t c_item = sched.first() - sched.stride, c_left = 0;
+  bool have_item = false;
+  Item c_it{};
+  // Steps -(STAGES - 1) .. -1 only fill the ring; step >= 0 multiplies K-tile `step` of the stream.
+  for (int64_t step = 1 - STAGES;; ++step) {
+    if (step >= 0) {
+      while (c_left == 0) {  // the item is summed (or has no K-tiles): store it, take the next
+        if (have_item) {
+          epi.store(p, mma.acc, c_it, warp);
+          mma.zero();
+        }
+        have_item = true;
+        c_item = sched.next(c_item);
+        if (sched.done(c_item)) {
+          dev::cp_async_wait<0>();
+          return;
+        }
+        c_it = sched.at(p, c_item);
+        int64_t kt0;
+        c_left = split_k_tiles(p, c_it.split, k_tiles_total, kt0);
+        epi.load(p, c_it.block, warp);
+      }
+      dev::cp_async_wait<STAGES - 2>();
+      __syncthreads();  // K-tile `step` landed for all threads; the slot of step - 1 is free to refill
+    }
+    loader.load(smem, int((step + STAGES - 1) % STAGES));
+    dev::cp_async_commit();
+    if (step < 0) continue;
+    mma.k_tile(smem, int(step % STAGES), warp);
+    --c_left;
+  }
+}
+
+}  // namespace moekit::kernels::gemm::mma_sync

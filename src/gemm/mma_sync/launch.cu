@@ -1,0 +1,66 @@
+// launch.cu — host side of the mma.sync expert GEMM: instantiates the compiled configs
+// (gemm/configs.hpp) and launches the one the plan names on a persistent grid (SMs x resident CTAs,
+// at most the worst-case number of items); the kernel reads the true number of blocks on the
+// device.
+#include <algorithm>
+
+#include "common/cuda_check.hpp"
+#include "common/launch.hpp"
+#include "common/per_device.hpp"
+#include "common/validate.hpp"
+#include "gemm/configs.hpp"
+#include "gemm/launch.hpp"
+#include "gemm/mma_sync/kernel.cuh"
+
+namespace moekit::detail {
+
+namespace {
+
+using kernels::gemm::Mode;
+using kernels::gemm::Params;
+
+template <Mode M, int BM, int BN, int BK, int WM, int WN, int ST>
+void launch_instance(Params p, int64_t max_blocks, cudaStream_t stream) {
+  using Cfg = kernels::gemm::mma_sync::Tile<BM, BN, BK, WM, WN, ST>;
+  auto kernel = kernels::gemm::mma_sync::expert_gemm_kernel<M, BM, BN, BK, WM, WN, ST>;
+  // Once per instance and device: raise the shared-memory limit and size the persistent grid
+  // from the device (SM count x resident CTAs). Not per call: keeps the hot path free of queries.
+  static PerDevice<int64_t> resident;
+  const int64_t resident_ctas = resident.get([&](int device) {
+    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
+    int sms = 0, per_sm = 0;
+    MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
+    return int64_t(sms) * std::max(per_sm, 1);
+  });
+  const int64_t cols = kernels::gemm::cols_per_tile(M, BN);
+  p.n_tiles = (p.n_dim + cols - 1) / cols;
+  const int64_t k_tiles = (p.k_dim + BK - 1) / BK;
+  p.k_tiles_per_split = (k_tiles + p.k_splits - 1) / p.k_splits;
+  const int64_t grid = std::max<int64_t>(1, std::min(resident_ctas, max_blocks * p.n_tiles * p.k_splits));
+  launch_pdl("expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p);
+}
+
+template <Mode M>
+void dispatch(const GemmConfig& c, const Params& p, int64_t max_blocks, cudaStream_t stream) {
+#define MK_DISPATCH(bm, bn, bk, wm, wn, st)                                   \
+  if (c == GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync}) {        \
+    launch_instance<M, bm, bn, bk, wm, wn, st>(p, max_blocks, stream);        \
+    return;                                                                   \
+  }
+  MOEKIT_GEMM_CONFIGS(MK_DISPATCH)
+#undef MK_DISPATCH
+  fail("expert_gemm", "plan", "config " + c.str() + " is not compiled");
+}
+
+}  // namespace
+
+void launch_mma_sync_gemm(Mode mode, const GemmConfig& config, const Params& p, int64_t max_blocks,
+                          cudaStream_t stream) {
+  if (mode == Mode::Up)
+    dispatch<Mode::Up>(config, p, max_blocks, stream);
+  else
+    dispatch<Mode::Down>(config, p, max_blocks, stream);
+}
+
+}  // namespace moekit::detail

@@ -1,0 +1,125 @@
+// loader.cuh — the producer side of the mma.sync expert GEMM: every thread's cp.async loads of A
+// and B, one K-tile at a time, as one stream across all the work items of its CTA.
+//
+// A decode item is 6-56 K-tiles. A loader that drained the ring at every item (load the item's
+// ids, wait, refill; nothing in flight during the epilogue) lost a memory round trip plus the
+// epilogue per item; here the next item's first K-tiles load while the current one finishes, and
+// the routing those loads need (its expert, the sorted ids of this thread's A rows) is fetched one
+// item ahead. Measured on the H200: every decode GEMM 1-8% faster (docs/perf/NOTES.md, "Decode
+// GEMM"). Chunks are 16 bytes; padding rows and the K tail are zero-filled (source size 0).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/async_copy.cuh"
+#include "gemm/common.cuh"
+#include "gemm/mma_sync/scheduler.cuh"
+#include "gemm/mma_sync/tile.hpp"
+
+namespace moekit::kernels::gemm::mma_sync {
+
+template <Mode M, class Cfg>
+struct Loader {
+  static constexpr int CH = Cfg::kChunks, kAI = Cfg::kAIters, kBI = Cfg::kBIters, BN = Cfg::kBlockN;
+  static constexpr int BM = Cfg::kBlockM, BK = Cfg::kBlockK;
+
+  const Params& p;
+  const DealtSchedule<Cfg>& sched;
+  const int64_t k_tiles_total;
+  const int tid;
+  // The stream: K-tiles ld_kt .. ld_end (absolute) of item ld_item. It starts one stride before
+  // its first item with nothing left, so the first load moves it there.
+  int64_t ld_item, ld_kt = 0, ld_end = 0;
+  const __nv_bfloat16* a_src[kAI];  // this thread's A and B chunk sources for the current item
+  bool a_ok[kAI];
+  const __nv_bfloat16* b_src[kBI];
+  bool b_ok[kBI];
+  // Routing of the item after ld_item (loaded one item ahead; unused past the last item).
+  Item nx_it{};
+  int nx_expert = 0;
+  int32_t nx_ids[kAI];
+
+  __device__ __forceinline__ Loader(const Params& p_, const DealtSchedule<Cfg>& s, int64_t k_tiles, int t)
+      : p(p_), sched(s), k_tiles_total(k_tiles), tid(t), ld_item(s.first() - s.stride) {
+    fetch_routing(s.first());
+  }
+
+  __device__ __forceinline__ void fetch_routing(int64_t item) {
+    if (sched.done(item)) return;
+    nx_it = sched.at(p, item);
+    nx_expert = p.block_expert[nx_it.block];
+#pragma unroll
+    for (int i = 0; i < kAI; ++i) nx_ids[i] = p.sorted_ids[nx_it.block * BM + (tid + i * Cfg::kThreads) / CH];
+  }
+
+  // Point this thread's chunk sources at item `it` (routing given), and set its K range.
+  // Up gathers x row a/k of assignment a; Down reads act row r in sorted order. Up's B tile is
+  // BN/2 gate rows, then the same BN/2 up rows (w13 holds gate rows [0, F), up rows [F, 2F)).
+  __device__ __forceinline__ void bind(const Item& it, int expert, const int32_t (&ids)[kAI]) {
+    const int64_t n = split_k_tiles(p, it.split, k_tiles_total, ld_kt);
+    ld_end = ld_kt + n;
+#pragma unroll
+    for (int i = 0; i < kAI; ++i) {
+      const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
+      const int64_t id = ids[i];
+      a_ok[i] = id < p.num_assign;
+      const int64_t src_row = M == Mode::Up ? (a_ok[i] ? id / p.topk : 0) : it.block * BM + r;
+      a_src[i] = p.a + src_row * p.k_dim + c * 8;
+    }
+    const int64_t n0 = it.n_tile * cols_per_tile(M, BN);
+    const __nv_bfloat16* b_expert = p.b + int64_t(expert) * p.b_expert_stride;
+#pragma unroll
+    for (int i = 0; i < kBI; ++i) {
+      const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
+      int64_t col, b_row;
+      if constexpr (M == Mode::Up) {
+        col = n0 + (r < BN / 2 ? r : r - BN / 2);
+        b_row = r < BN / 2 ? col : p.n_dim + col;
+      } else {
+        col = n0 + r;
+        b_row = col;
+      }
+      b_ok[i] = col < p.n_dim;
+      b_src[i] = b_expert + (b_ok[i] ? b_row : 0) * p.k_dim + c * 8;
+    }
+  }
+
+  // Move to the next item that has K-tiles (items of empty K-slices load nothing).
+  __device__ __forceinline__ void advance() {
+    do {
+      ld_item = sched.next(ld_item);
+      if (sched.done(ld_item)) return;
+      bind(nx_it, nx_expert, nx_ids);
+      fetch_routing(sched.next(ld_item));
+    } while (ld_kt == ld_end);
+  }
+
+  // Issue the next K-tile of the stream into ring slot `slot` (nothing once the stream is done).
+  // Each piece is inlined once (the kernel has one loop and no unrolled prologue): a version that
+  // also unrolled the loads into a prologue doubled the kernel's code, past 4,000 SASS
+  // instructions, and cost the one-item-per-CTA layers (T = 1) 1.5-4.5 us of launch overlap.
+  __device__ __forceinline__ void load(__nv_bfloat16* smem, int slot) {
+    if (ld_kt == ld_end) advance();
+    if (sched.done(ld_item)) return;
+    __nv_bfloat16* sa = smem + slot * Cfg::kStageElems;
+    __nv_bfloat16* sb = sa + BM * BK;
+    const int64_t k0 = ld_kt * BK;
+#pragma unroll
+    for (int i = 0; i < kAI; ++i) {
+      const int idx = tid + i * Cfg::kThreads, r = idx / CH, c = idx % CH;
+      const bool ok = a_ok[i] && k0 + c * 8 < p.k_dim;
+      dev::cp_async16(smem_addr(sa + swz<BK>(r, c)), ok ? a_src[i] + k0 : p.a, ok ? 16u : 0u);
+    }
+#pragma unroll
+    for (int i = 0; i < kBI; ++i) {
+      const int idx = tid + i * Cfg::kThreads, r = idx / CH, c = idx % CH;
+      const bool ok = b_ok[i] && k0 + c * 8 < p.k_dim;
+      dev::cp_async16(smem_addr(sb + swz<BK>(r, c)), ok ? b_src[i] + k0 : p.b, ok ? 16u : 0u);
+    }
+    ++ld_kt;
+  }
+};
+
+}  // namespace moekit::kernels::gemm::mma_sync

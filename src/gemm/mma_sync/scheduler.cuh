@@ -1,0 +1,53 @@
+// scheduler.cuh — which work items a CTA of the mma.sync (decode) expert GEMM takes, and in what
+// order: the persistent grid's items dealt round-robin, over as many CTAs as even waves allow.
+//
+// A work item is (block, column tile, K-slice): the tiles in gemm/item_order.hpp's order, the
+// K-slices of one tile side by side. CTA c takes items c, c + stride, ... with stride =
+// wave_stride(items, grid) (waves.hpp: the CTAs past it exit at once). The number of used blocks
+// is read from the device (num_rows_padded), so the grid is sized for the worst case on the host
+// and the launch needs no host sync.
+#pragma once
+
+#include <cstdint>
+
+#include "gemm/common.cuh"
+#include "gemm/item_order.hpp"
+#include "gemm/mma_sync/waves.hpp"
+
+namespace moekit::kernels::gemm::mma_sync {
+
+struct Item {
+  int64_t block, n_tile;
+  int split;
+};
+
+template <class Cfg>
+struct DealtSchedule {
+  int64_t blocks, items, stride;
+
+  __device__ __forceinline__ explicit DealtSchedule(const Params& p)
+      : blocks(*p.num_rows_padded / Cfg::kBlockM),
+        items(blocks * p.n_tiles * p.k_splits),
+        stride(wave_stride(items, gridDim.x)) {}
+
+  // Whether this CTA takes any item (else it exits before touching shared memory).
+  __device__ __forceinline__ bool cta_has_items() const { return blockIdx.x < stride && blockIdx.x < items; }
+  // The item this CTA takes after `item` (its first: blockIdx.x); >= items once it is done.
+  __device__ __forceinline__ int64_t first() const { return int64_t(blockIdx.x); }
+  __device__ __forceinline__ int64_t next(int64_t item) const { return item + stride; }
+  __device__ __forceinline__ bool done(int64_t item) const { return item >= items; }
+
+  __device__ __forceinline__ Item at(const Params& p, int64_t item) const {
+    const int split = int(item % p.k_splits);
+    const GroupedTile<int64_t> t = grouped_tile(item / p.k_splits, blocks, p.n_tiles);
+    return {t.block, t.n_tile, split};
+  }
+};
+
+// K-tiles [kt0, kt0 + count) of a K-slice; a trailing slice may have none (its partials are 0).
+__device__ __forceinline__ int64_t split_k_tiles(const Params& p, int split, int64_t k_tiles_total, int64_t& kt0) {
+  kt0 = split * p.k_tiles_per_split;
+  return max(int64_t(0), min(p.k_tiles_per_split, k_tiles_total - kt0));
+}
+
+}  // namespace moekit::kernels::gemm::mma_sync

@@ -1,0 +1,42 @@
+// params.hpp — the contract of one expert-GEMM launch, host and device: the mode and the
+// parameters both GEMM families take (gemm/common.cuh says what they mean for the kernels).
+// No device code: the launchers, the planner's geometry and the CPU tests include it.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/canon.hpp"  // MK_HD
+
+namespace moekit::kernels::gemm {
+
+enum class Mode { Up, Down };
+
+struct Params {
+  const __nv_bfloat16* a;        // Up: x [T, H]; Down: act [max_rows, F]
+  const __nv_bfloat16* b;        // Up: w13 [E, 2F, H]; Down: w2 [E, H, F]
+  __nv_bfloat16* out;            // Up: act [max_rows, F]; Down: y_rows [T*k, H]
+  const float* topk_weights;     // [T*k] (Down)
+  const int32_t* sorted_ids;     // [max_rows]
+  const int32_t* block_expert;   // [max_blocks]
+  const int32_t* num_rows_padded;
+  int32_t* tile_counter;         // [1]: the wgmma kernel's claimed work items (ws.gemm_counter)
+  int64_t num_assign;            // T*k: the padding sentinel
+  int64_t k_dim;                 // reduction length: H (Up) or F (Down)
+  int64_t n_dim;                 // output columns: F (Up) or H (Down)
+  int64_t b_expert_stride;       // elements per expert in b
+  int64_t n_tiles;               // column tiles: ceil(n_dim / cols_per_tile)
+  int topk;
+  // Split-K (Down, mma.sync): k_splits slices of k_tiles_per_split K-tiles each; slice s writes
+  // FP32 partial rows to partials[s][a] instead of bf16 rows to out[a].
+  int k_splits;
+  int64_t k_tiles_per_split;
+  float* partials;               // [k_splits, T*k, n_dim] or null
+};
+
+// Output columns of a tile of `block_n` B rows: Up pairs block_n/2 gate rows with the same
+// block_n/2 up rows, so it produces block_n/2 act columns.
+MK_HD constexpr int cols_per_tile(Mode m, int block_n) { return m == Mode::Up ? block_n / 2 : block_n; }
+
+}  // namespace moekit::kernels::gemm

@@ -1,0 +1,92 @@
+// epilogue.cuh — what the Hopper expert GEMM's consumers do with a finished tile, per mode, from
+// registers: Up — silu(g)·u from the paired gate/up accumulators, stored to act row r (sorted
+// order); Down — times the routing weight, stored to y_rows row a = sorted_ids[r]. Padding rows
+// and columns past n_dim are never stored. Every output element is one thread's fixed-order sum:
+// bitwise deterministic.
+//
+// A thread holds two rows of the tile (row halves h = 0, 1 of its warp's 16). Four n8 column
+// blocks at a time are transposed across the lane quad so each lane stores 8 consecutive columns
+// (16 bytes): store_row_groups, shared by both modes; each mode packs its values.
+#pragma once
+
+#include <cstdint>
+
+#include "common/silu.cuh"
+#include "gemm/common.cuh"
+#include "gemm/sm90/layout.hpp"
+
+namespace moekit::kernels::gemm::sm90 {
+
+// Row half h's output columns [n0, n0 + kOutBlocks·8) of one row: pack(g, h, x) fills x[i] with
+// the packed bf16 pair of columns 8(4g + i) + 2q, +1 (q = lane % 4); the transpose and the 16-byte
+// stores are here. 64-bit row offset: a·H overflows 32 bits in large prefills.
+template <int kOutBlocks, class Pack>
+__device__ __forceinline__ void store_row_groups(const Params& p, int h, bool row_ok, int32_t out_row, int32_t n0,
+                                                 int lane, Pack&& pack) {
+  const int q = lane & 3;
+  auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
+#pragma unroll
+  for (int g = 0; g < kOutBlocks / 4; ++g) {
+    uint32_t x[4];
+    pack(g, h, x);
+    quad_transpose(x, q, shfl);
+    const int32_t n = n0 + epi_store_col(g, q);
+    if (row_ok && n < p.n_dim)
+      *reinterpret_cast<uint4*>(p.out + int64_t(out_row) * p.n_dim + n) = make_uint4(x[0], x[1], x[2], x[3]);
+  }
+}
+
+template <Mode M, class Cfg>
+struct Epilogue;
+
+template <class Cfg>
+struct Epilogue<Mode::Up, Cfg> {
+  static constexpr int kOutBlocks = cols_per_tile(Mode::Up, Cfg::kBlockN) / 8;  // n8 blocks of act columns
+  static constexpr int kUpBlock0 = Cfg::kBlockN / 16;                             // first n8 block of "up"
+  // Under the tile's first k-step: nothing to load.
+  __device__ __forceinline__ void load_row_data(const Params&, const int32_t (&)[2]) {}
+  // act row r of the sorted order.
+  __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
+  __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
+                                        int32_t out_row, int32_t n0, int lane) const {
+    store_row_groups<kOutBlocks>(p, h, id < p.num_assign, out_row, n0, lane, [&](int g, int hh, uint32_t(&x)[4]) {
+      float gate[8], silu[8];  // the 8 gate values of this group, their SiLUs as one group
+#pragma unroll
+      for (int i = 0; i < 4; ++i) gate[2 * i] = acc[epi_acc(g, i, hh)], gate[2 * i + 1] = acc[epi_acc(g, i, hh) + 1];
+      dev::silu_group(gate, silu);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int u = epi_acc(g, i, hh) + 4 * kUpBlock0;  // the same column of the up half
+        x[i] = pack_bf16x2(silu[2 * i] * acc[u], silu[2 * i + 1] * acc[u + 1]);
+      }
+    });
+  }
+};
+
+template <class Cfg>
+struct Epilogue<Mode::Down, Cfg> {
+  static constexpr int kOutBlocks = cols_per_tile(Mode::Down, Cfg::kBlockN) / 8;
+  float weights[2] = {0.0f, 0.0f};  // the routing weights of this thread's two rows
+  // Under the tile's first k-step, once the ids are in registers: a load still in flight at the
+  // next k-step's proxy fence stalls it, and that fence then runs under ~1k cycles of tensor work.
+  __device__ __forceinline__ void load_row_data(const Params& p, const int32_t (&ids)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (ids[h] < p.num_assign) weights[h] = p.topk_weights[ids[h]];
+  }
+  // y_rows row a = the row's assignment.
+  __device__ __forceinline__ int32_t out_row(int32_t, int32_t id) const { return id; }
+  __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
+                                        int32_t out_row, int32_t n0, int lane) const {
+    const float weight = weights[h];
+    store_row_groups<kOutBlocks>(p, h, id < p.num_assign, out_row, n0, lane, [&](int g, int hh, uint32_t(&x)[4]) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int v = epi_acc(g, i, hh);  // accumulators of block 4g+i, this row half
+        x[i] = pack_bf16x2(acc[v] * weight, acc[v + 1] * weight);
+      }
+    });
+  }
+};
+
+}  // namespace moekit::kernels::gemm::sm90

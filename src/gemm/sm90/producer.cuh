@@ -1,0 +1,89 @@
+// producer.cuh — the producer warpgroup of the Hopper expert GEMM (warpgroup 2, 64 registers):
+// fills the ring of stages for every tile its CTA takes, and claims and publishes those tiles.
+//
+// B = BN rows of the expert's weights by TMA (one 4-D box: Up takes BN/2 gate rows and the same
+// BN/2 up rows). A = the tile's 128 rows by cp.async, gathered through sorted_ids (Up: x row a/k;
+// Down: act row r in sorted order), padding rows and the K tail zero-filled, written straight into
+// the 128-byte swizzle wgmma reads. Each stage's "full" mbarrier completes when the TMA bytes have
+// landed and all 128 producer threads' cp.async have (cp.async.mbarrier.arrive.noinc).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "gemm/common.cuh"
+#include "gemm/sm90/layout.hpp"
+#include "gemm/sm90/pipeline.cuh"
+#include "gemm/sm90/ptx.cuh"
+#include "gemm/sm90/scheduler.cuh"
+
+namespace moekit::kernels::gemm::sm90 {
+
+template <Mode M, class Cfg>
+__device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_map, const Smem<Cfg>& sm,
+                                        int32_t items, int32_t blocks, int32_t k_tiles) {
+  constexpr int kChunksPerRow = kRowBytes / 16;                           // 8
+  constexpr int kRowsPerPass = kProducerThreads / kChunksPerRow;          // 16
+  constexpr int kPasses = kBlockM / kRowsPerPass;                         // 8
+  // 8 consecutive threads read one row's 128 contiguous bytes: each warp-wide cp.async moves 4
+  // whole 128-byte lines.
+  const int t = int(threadIdx.x) - kConsumerThreads;
+  const int chunk = t % kChunksPerRow, row_in_pass = t / kChunksPerRow;
+  const bool tma_thread = t == 0;  // also the thread that claims and publishes the work items
+  const int lane = t % 32;
+
+  Pipe<Cfg::kStages> pipe;
+  ItemRing ring;
+  int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
+  for (;;) {
+    if (tma_thread) publish_item(p, sm, ring, next, items, blocks);
+    const int32_t item = take_item(sm, ring, lane).item;
+    if (item >= items) break;
+    const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
+    const int32_t row0 = tile.block * kBlockM;
+    const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
+    const int32_t b_row = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
+
+    // This thread's 8 source rows for the whole K loop (64-bit offsets: ids·H overflows 32 bits).
+    const __nv_bfloat16* src[kPasses];
+    uint32_t row_ok = 0;
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int32_t r = row0 + row_in_pass + i * kRowsPerPass;
+      const int32_t id = p.sorted_ids[r];
+      const bool ok = id < p.num_assign;
+      // ids are non-negative int32: 32-bit division (a 64-bit one is a register-hungry call)
+      const int32_t src_row = M == Mode::Up ? (ok ? int32_t(uint32_t(id) / uint32_t(p.topk)) : 0) : r;
+      src[i] = p.a + int64_t(src_row) * p.k_dim + chunk * 8;
+      row_ok |= uint32_t(ok) << i;
+    }
+
+    for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
+      const uint32_t stage = pipe.stage;
+      ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);  // the consumers released this stage
+      const int32_t k0 = kt * kBlockK;
+      if (tma_thread) {
+        // B box: (k0.., b_row.., half 0.., expert); rows past n_dim and K past k_dim read zeros.
+        ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes);
+        ptx::tma_load_4d(sm.b(stage), b_map, sm.full(stage), k0, b_row, 0, expert);
+      }
+      const bool k_ok = k0 + chunk * 8 < p.k_dim;
+      const uint32_t dst = sm.a(stage);
+#pragma unroll
+      for (int i = 0; i < kPasses; ++i) {
+        const bool ok = k_ok && ((row_ok >> i) & 1u);
+        ptx::cp_async16(dst + sw128_offset(uint32_t(row_in_pass + i * kRowsPerPass), uint32_t(chunk)),
+                        ok ? static_cast<const void*>(src[i] + k0) : static_cast<const void*>(p.a), ok ? 16u : 0u);
+      }
+      ptx::cp_async_arrive_noinc(sm.full(stage));
+    }
+    // The next claim once this tile's loads are issued: its round trip (and the publisher's read
+    // of two ids) overlaps the consumers' last stages.
+    if (tma_thread) next = claim_item(p);
+  }
+  ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
+}
+
+}  // namespace moekit::kernels::gemm::sm90

@@ -1,0 +1,81 @@
+// scheduler.cuh — which tile a CTA of the Hopper (prefill) expert GEMM computes next: work items
+// claimed from a global counter, handed to the CTA's warps through a shared-memory channel.
+//
+// Work of the whole grid: (used blocks) x (column tiles), the block count read on the device
+// (num_rows_padded). CTA c starts with item c, then takes the next unclaimed one from
+// p.tile_counter (zeroed by the launcher). Items that share a B tile (the blocks of one expert) or
+// an A block (its column tiles) are neighbours in item order (gemm/item_order.hpp), so with claims
+// they start within a few microseconds of each other and the second reader finds the bytes in L2.
+// Dealt round-robin, the CTAs drifted apart over the waves and re-read most B tiles from DRAM
+// (ncu, DeepSeek-V3 T=16384 up: 70 GB read for 15 GB of weights; Mixtral T=4096 up: 10 GB for 1.9).
+//
+// The channel: a ring of kItemSlots slots of {item, live}. The producer's thread 0 publishes each
+// item it will load (its first is blockIdx.x, the next ones claimed) and finally one past the end;
+// every warp of the CTA takes the items in the same order. `live` has bit w set when consumer
+// warpgroup w has a real row: padding rows sit at the end of an expert's last block, so a
+// warpgroup whose first row is padding has no other. The publisher reads those two ids, off the
+// consumers' path (the producer runs stages ahead of them).
+// Protocol per slot: the publisher waits for item_empty (every warp read the slot's previous
+// item), stores, arrives on item_full (release); a warp waits on item_full (acquire), reads, and
+// its lane 0 arrives on item_empty.
+#pragma once
+
+#include <cstdint>
+
+#include "gemm/common.cuh"
+#include "gemm/sm90/layout.hpp"
+#include "gemm/sm90/pipeline.cuh"
+#include "gemm/sm90/ptx.cuh"
+
+namespace moekit::kernels::gemm::sm90 {
+
+// Work of the whole grid, 32-bit: see item_to_tile.
+struct Work {
+  int32_t items, blocks, k_tiles;
+};
+__device__ __forceinline__ Work read_work(const Params& p) {
+  const int32_t blocks = *p.num_rows_padded / kBlockM;
+  return {blocks * int32_t(p.n_tiles), blocks, int32_t((p.k_dim + kBlockK - 1) / kBlockK)};
+}
+
+struct ItemRing {
+  uint32_t slot = 0, phase = 0;
+  __device__ void advance() {
+    if (++slot == kItemSlots) slot = 0, phase ^= 1;
+  }
+};
+struct Item {
+  int32_t item, live;
+};
+
+// The claiming thread: publishes `item` (>= items: the end) with its live warpgroups.
+template <class Cfg>
+__device__ __forceinline__ void publish_item(const Params& p, const Smem<Cfg>& sm, const ItemRing& ring, int32_t item,
+                                             int32_t items, int32_t blocks) {
+  int32_t live = 0;
+  if (item < items) {
+    const int32_t row0 = item_to_tile(item, blocks, int32_t(p.n_tiles)).block * kBlockM;
+#pragma unroll
+    for (int w = 0; w < kConsumerWarpgroups; ++w) live |= int32_t(p.sorted_ids[row0 + w * kWgmmaM] < p.num_assign) << w;
+  }
+  ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
+  ptx::st_shared_u32(sm.item_slot(ring.slot), item);
+  ptx::st_shared_u32(sm.item_slot(ring.slot) + 4, live);
+  ptx::mbar_arrive(sm.item_full(ring.slot));
+}
+
+// The next unclaimed item, for the claiming thread (its first item is blockIdx.x).
+__device__ __forceinline__ int32_t claim_item(const Params& p) { return int32_t(gridDim.x) + atomicAdd(p.tile_counter, 1); }
+
+// Called by all 32 lanes of a warp: the next item.
+template <class Cfg>
+__device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
+  ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
+  const Item it{ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
+  __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
+  ring.advance();
+  return it;
+}
+
+}  // namespace moekit::kernels::gemm::sm90

@@ -1,0 +1,230 @@
+// pipelined.cuh — the router logits x·w_gateᵀ of a bf16 w_gate for prefill with many experts:
+// a software-pipelined CTA per 128 x 64 tile, bitwise the cluster and looped kernels' logits.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/async_copy.cuh"
+#include "common/canon.hpp"
+#include "common/device.cuh"
+#include "router/gate/order.cuh"
+#include "router/gate/warp_partial.cuh"  // mma_step_half
+
+namespace moekit::kernels::router {
+
+// The looped kernel keeps the order's structure in its threads (warp w sums the steps s ≡ w mod
+// kGateWarps of every slice, for a 64 x 32 tile): each CTA waits for 16 serial batches of loads at
+// one CTA per SM, and x and w_gate are re-read from L2 for every 64 x 32 tile (ncu, DeepSeek-V3
+// T=16384: 717 µs, 2.8 GB through L2, no eligible warp 70% of cycles).
+//
+// This kernel computes the same sums in the same order with the order's roles unrolled in time:
+// every warp computes, for its own 32 x 32 outputs, the warp partials one after another —
+//   for slice r: for w in 0..7: P = Σ_{s ≡ w (mod 8), ascending} (two k16 MMAs per step, as
+//   above); V = w == 0 ? P : V + P;   then S = r == 0 ? V : S + V
+// which is bitwise the looped and cluster kernels' logits (same MMAs on the same operands, the
+// same additions in the same order). The CTA streams the steps in exactly that order through a
+// ring of STAGES stages of G steps (32 columns of 128 x rows and 64 w_gate rows each), shared by
+// its 8 warps (4 x 2 of them over the tile): one barrier per stage. The order's columns are a
+// table in shared memory, written once per CTA, so a step's loads cost a table read.
+// ncu (DeepSeek-V3 T=16384): with 2 warps per scheduler the kernel is bound by instruction issue
+// (0.44 issued per cycle, tensor pipe ~19% active): 16 MMAs per warp and step against the
+// loads' and the order's bookkeeping; 3 accumulator sets (P, V, S) keep the warp tile at 32 x 32.
+// Parts: StepTable (the order), StageLoader (producer), RoleSums (mainloop in the order), and the
+// store of S (epilogue).
+template <int G, int STAGES>
+struct GatePipe {
+  static constexpr int kStageBytes = G * kGatePipeStepBytes;
+  static constexpr int kSmemBytes = STAGES * kStageBytes;  // then the table of the steps' columns
+  static constexpr int kXBytes = kGatePipeRows * kGateStep * 2;  // [128][32] bf16 per step, then w [64][32]
+  static_assert(STAGES >= 3 && kSmemBytes <= 200 * 1024, "a ring of at least 3 stages that fits shared memory");
+};
+static_assert(GatePipe<kGatePipeGroup, kGatePipeStages>::kSmemBytes + 8 * gate_step_table_entries(0) ==
+                  gate_pipelined_smem_bytes(0),
+              "params.hpp's shared-memory size (the planner's) must be the kernel's");
+
+// The order as a table in shared memory: entry n = the column where the n-th step of the order
+// starts, and its slice's end. Thread r < 8 writes slice r's steps: roles w in order, s = w,
+// w + 8, ... . `total` steps in all.
+struct StepTable {
+  int32_t *k, *end;
+  int64_t total = 0;
+  __device__ __forceinline__ StepTable(unsigned char* table_smem, const GateSlicing& sl, int64_t hidden, int tid)
+      : k(reinterpret_cast<int32_t*>(table_smem)), end(k + gate_step_table_entries(hidden)) {
+    for (int r = 0; r < kGateSlices; ++r) total += sl.steps(r);
+    if (tid < kGateSlices) {
+      int64_t n = 0;
+      for (int r = 0; r < tid; ++r) n += sl.steps(r);
+      const int64_t steps = sl.steps(tid), b = sl.begin(tid);
+      for (int w = 0; w < kGateWarps; ++w)
+        for (int64_t st = w; st < steps; st += kGateWarps, ++n) {
+          k[n] = int32_t(b + st * kGateStep);
+          end[n] = int32_t(sl.end(tid));
+        }
+    }
+  }
+};
+
+// Producer: every thread's 3 chunks of every step, 512 x chunks (row id/4, chunk id%4), then 256
+// w_gate chunks, loaded G steps (one stage) at a time in the table's order.
+template <int G, int STAGES>
+struct StageLoader {
+  using Pipe = GatePipe<G, STAGES>;
+  const __nv_bfloat16* src[3];
+  bool row_ok[3];
+  uint32_t dst[3];
+  uint32_t smem0;
+  int tid;
+  int64_t n_load = 0;  // the next step of the table to load
+
+  __device__ __forceinline__ StageLoader(const GateParams& p, uint32_t smem, int t, int e0, int64_t t0)
+      : smem0(smem), tid(t) {
+    const int64_t H = p.hidden;
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+      const int id = tid + i * 32 * kGateWarps;
+      const int c = id & 3;
+      if (id < kGatePipeRows * 4) {
+        const int64_t t = t0 + id / 4;
+        row_ok[i] = t < p.tokens;
+        src[i] = p.x + (row_ok[i] ? t : 0) * H + c * 8;
+        dst[i] = uint32_t((id / 4) * kGateStep * 2 + c * 16);
+      } else {
+        const int e = e0 + (id - kGatePipeRows * 4) / 4;
+        row_ok[i] = e < p.experts;
+        src[i] = p.w_gate + int64_t(row_ok[i] ? e : 0) * H + c * 8;
+        dst[i] = uint32_t(Pipe::kXBytes + ((id - kGatePipeRows * 4) / 4) * kGateStep * 2 + c * 16);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void load(const StepTable& table, int slot) {
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      if (n_load >= table.total) break;
+      const int64_t k = table.k[n_load], k_end = table.end[n_load];
+      const uint32_t base = smem0 + uint32_t(slot * Pipe::kStageBytes + u * kGatePipeStepBytes);
+#pragma unroll
+      for (int i = 0; i < 3; ++i) {
+        const int c = (tid + i * 32 * kGateWarps) & 3;
+        const bool ok = row_ok[i] && k + c * 8 < k_end;
+        dev::cp_async16(base + dst[i], src[i] + k, ok ? 16u : 0u);
+      }
+      ++n_load;
+    }
+    dev::cp_async_commit();  // an empty group past the end keeps the wait counts uniform
+  }
+};
+
+// Consumer: one warp's 32 x 32 of the tile, its sums in the fixed order. P is the current role's
+// partial; closing a role folds P into V (and, at the slice's end, V into S); roles without a
+// step fold a zero P. (r, w, left): slice, role, steps of the role still to come.
+struct RoleSums {
+  float P[2][4][4], V[2][4][4], S[2][4][4];
+  const GateSlicing& sl;
+  int r = 0, w = 0;
+  int64_t left;
+
+  // f(mt, nt, i) for every accumulator element of this warp's 32 x 32.
+  template <class F>
+  __device__ __forceinline__ static void each_acc(F&& f) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) f(mt, nt, i);
+  }
+  __device__ __forceinline__ explicit RoleSums(const GateSlicing& s) : sl(s), left(gate_role_steps(s.steps(0), 0)) {
+    each_acc([&](int mt, int nt, int i) { P[mt][nt][i] = 0.0f; });
+    close_roles();
+  }
+  __device__ __forceinline__ void close_roles() {
+    while (r < kGateSlices && left == 0) {
+      each_acc([&](int mt, int nt, int i) {
+        V[mt][nt][i] = w == 0 ? P[mt][nt][i] : canon::add(V[mt][nt][i], P[mt][nt][i]);
+        P[mt][nt][i] = 0.0f;
+      });
+      if (++w == kGateWarps) {
+        each_acc([&](int mt, int nt, int i) {
+          S[mt][nt][i] = r == 0 ? V[mt][nt][i] : canon::add(S[mt][nt][i], V[mt][nt][i]);
+        });
+        w = 0, ++r;
+      }
+      if (r < kGateSlices) left = gate_role_steps(sl.steps(r), w);
+    }
+  }
+  // One step of the order (x rows then w_gate rows of its stage slot): two k16 MMAs into P.
+  __device__ __forceinline__ void step(const unsigned char* xs, const unsigned char* ws, int wm, int wn, int g, int q) {
+    uint4 xv[2][2], wv[4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        xv[mt][h] = *reinterpret_cast<const uint4*>(xs + (wm * 32 + mt * 16 + g + 8 * h) * kGateStep * 2 + q * 16);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+      wv[nt] = *reinterpret_cast<const uint4*>(ws + (wn * 32 + nt * 8 + g) * kGateStep * 2 + q * 16);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) mma_step_half(P[mt][nt], xv[mt][0], xv[mt][1], wv[nt], j);
+    --left;
+    close_roles();
+  }
+};
+
+template <int G, int STAGES>
+__global__ void __launch_bounds__(32 * kGateWarps, 1) gate_logits_pipelined_kernel(GateParams p) {
+  using Pipe = GatePipe<G, STAGES>;
+  extern __shared__ __align__(128) unsigned char gate_smem[];
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, q = lane & 3;
+  const int wm = warp % 4, wn = warp / 4;  // this warp's 32 x 32 of the tile
+  const int e0 = int(blockIdx.x) * kGatePipeCols;
+  const int64_t t0 = int64_t(blockIdx.y) * kGatePipeRows;
+
+  StageLoader<G, STAGES> loader(p, dev::smem_addr(gate_smem), tid, e0, t0);
+  const GateSlicing sl(p.hidden);
+  const StepTable table(gate_smem + Pipe::kSmemBytes, sl, p.hidden, tid);
+  __syncthreads();
+
+  dev::pdl_enter();  // x may be the previous kernel's output
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) loader.load(table, st);
+
+  RoleSums sums(sl);
+  int slot = 0;
+  for (int64_t n = 0; n < table.total; n += G) {
+    dev::cp_async_wait<STAGES - 2>();
+    __syncthreads();  // the stage landed for every thread; the slot refilled next was read by all
+    loader.load(table, slot == 0 ? STAGES - 1 : slot - 1);
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+      if (n + u >= table.total) break;
+      const unsigned char* xs = gate_smem + slot * Pipe::kStageBytes + u * kGatePipeStepBytes;
+      sums.step(xs, xs + Pipe::kXBytes, wm, wn, g, q);
+    }
+    slot = slot + 1 == STAGES ? 0 : slot + 1;
+  }
+  dev::cp_async_wait_all();
+
+  // Epilogue: the C fragment's c0,c1 are row g cols 2q,2q+1; c2,c3 row g+8.
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t t = t0 + wm * 32 + mt * 16 + g + 8 * h;
+        const int e = e0 + wn * 32 + nt * 8 + 2 * q;
+        if (t >= p.tokens) continue;
+        if (e < p.experts) p.logits[t * p.experts + e] = sums.S[mt][nt][2 * h];
+        if (e + 1 < p.experts) p.logits[t * p.experts + e + 1] = sums.S[mt][nt][2 * h + 1];
+      }
+}
+
+}  // namespace moekit::kernels::router

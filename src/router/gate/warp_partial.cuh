@@ -1,0 +1,169 @@
+// warp_partial.cuh — the mainloop of the cluster and looped gate kernels (cluster.cuh): one warp's
+// partial of one H slice for a CTA's tile of tokens x experts, loaded through shared memory and
+// multiplied with mma.sync m16n8k16 (exact bf16 products, FP32 accumulation), in order.cuh's
+// order; and the sum of the warps' partials in warp order.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/async_copy.cuh"
+#include "common/canon.hpp"
+#include "common/device.cuh"
+#include "router/gate/order.cuh"
+
+namespace moekit::kernels::router {
+
+// Loads go through shared memory with cp.async (common/async_copy.cuh): every load of a batch is
+// issued before any is waited for (register loads issued in order behind an MMA would wait for
+// the MMA's operands: one memory round trip per MMA group instead of one per batch). Out-of-range
+// chunks are zero-filled (source size 0).
+
+// u32 j (0..3) of a 16-byte vector.
+__device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+// Half j of a step (a lane's columns 4j..4j+3 of its 8) as one m16n8k16 MMA: x rows g and g + 8
+// (x_lo, x_hi) against w_gate row g, the same k slots on both sides (warp_slice_partial).
+__device__ __forceinline__ void mma_step_half(float (&acc)[4], const uint4& x_lo, const uint4& x_hi, const uint4& w,
+                                              int j) {
+  const uint32_t a[4] = {word(x_lo, 2 * j), word(x_hi, 2 * j), word(x_lo, 2 * j + 1), word(x_hi, 2 * j + 1)};
+  dev::mma_bf16(acc, a, word(w, 2 * j), word(w, 2 * j + 1));
+}
+
+// Dynamic shared memory of an instance: the per-warp load staging, which the warp partials
+// reuse after the main loop. MT: 16-token row tiles per CTA; NT: 8-expert column tiles.
+template <int MT, int NT>
+struct GateTile {
+  static constexpr int kRows = MT * 16, kCols = NT * 8;
+  // Steps a warp keeps in flight (loads issued together, then the MMAs): decode tiles are bound
+  // by load latency, larger tiles by registers.
+  static constexpr int kUnroll = MT * NT == 1 ? 4 : 2;
+  static constexpr int kChunks = NT + 2 * MT;                           // 16-byte loads per lane per step
+  static constexpr int kStageBytes = kUnroll * kChunks * 32 * 16;       // per warp
+  static constexpr int kPartialBytes = kRows * kCols * 4;               // per warp
+  static constexpr int kWarpBytes = kStageBytes > kPartialBytes ? kStageBytes : kPartialBytes;
+  static constexpr int kSmemBytes = kGateWarps * kWarpBytes;
+};
+
+// This warp's partial of one slice for the CTA's tile (tokens t0.., experts e0..), written to
+// its own part of `smem` as [kRows][kCols] floats: its steps s = warp, warp + kGateWarps, ... of
+// the slice, in ascending order. The first call issues its first w_gate loads before the PDL
+// wait: x may be the previous kernel's output, w_gate must not be. That holds for every moekit
+// kernel (none writes a weight) and for any kernel that does not trigger its dependents early
+// (griddepcontrol.launch_dependents): such a kernel completes before this one starts. A caller
+// whose own PDL kernel writes w_gate right before route() must put a plain launch or an event
+// between them.
+template <int MT, int NT>
+__device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slice, int e0, int64_t t0,
+                                                   unsigned char* smem, bool& waited) {
+  using Tile = GateTile<MT, NT>;
+  constexpr int kCols = Tile::kCols, kUnroll = Tile::kUnroll;
+  const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
+  const int g = lane >> 2, q = lane & 3;  // the mma fragment's row group and quad lane
+  unsigned char* my_smem = smem + warp * Tile::kWarpBytes;
+  // Staging: [u][chunk][lane] 16-byte slots; chunk nt (w rows) then NT + 2*mt + h (x rows).
+  const uint32_t stage = uint32_t(__cvta_generic_to_shared(my_smem));
+  auto slot = [&](int u, int chunk) { return stage + uint32_t(((u * Tile::kChunks + chunk) * 32 + lane) * 16); };
+  const int64_t H = p.hidden;
+  const GateSlicing sl(H);
+  const int64_t k_begin = sl.begin(slice), k_end = sl.end(slice), steps = sl.steps(slice);
+
+  // Rows this lane loads: tokens t0 + mt*16 + g (+8), experts e0 + nt*8 + g.
+  const __nv_bfloat16* xr[MT][2];
+  bool xok[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t t = t0 + mt * 16 + g + 8 * h;
+      xok[mt][h] = t < p.tokens;
+      xr[mt][h] = p.x + (xok[mt][h] ? t : 0) * H + q * 8;
+    }
+  const __nv_bfloat16* wr[NT];
+  bool wok[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int e = e0 + nt * 8 + g;
+    wok[nt] = e < p.experts;
+    wr[nt] = p.w_gate + int64_t(wok[nt] ? e : 0) * H + q * 8;
+  }
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+
+  for (int64_t s0 = warp; s0 < steps; s0 += int64_t(kGateWarps) * kUnroll) {
+    __syncwarp();  // the previous batch's slots have been read by every lane
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k_begin + (s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8;
+      const bool in = s0 + int64_t(u) * kGateWarps < steps && k < k_end;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) dev::cp_async16(slot(u, nt), wr[nt] + (k - q * 8), in && wok[nt] ? 16u : 0u);
+    }
+    if (!waited) {
+      dev::pdl_enter();
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k_begin + (s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8;
+      const bool in = s0 + int64_t(u) * kGateWarps < steps && k < k_end;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) dev::cp_async16(slot(u, NT + 2 * mt + h), xr[mt][h] + (k - q * 8), in && xok[mt][h] ? 16u : 0u);
+    }
+    dev::cp_async_wait_all();  // each lane reads back only its own slots
+    // A lane's 8 columns feed two k16 MMAs: columns 0-3 are the fragment's k slots {2q, 2q+1,
+    // 2q+8, 2q+9} of the first, columns 4-7 of the second. A and B use the same assignment, so
+    // each MMA still pairs x[t][c] with w[e][c].
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      uint4 wv[NT], xv[MT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) wv[nt] = *reinterpret_cast<const uint4*>(my_smem + (slot(u, nt) - stage));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          xv[mt][h] = *reinterpret_cast<const uint4*>(my_smem + (slot(u, NT + 2 * mt + h) - stage));
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_step_half(acc[mt][nt], xv[mt][0], xv[mt][1], wv[nt], j);
+    }
+  }
+  __syncwarp();  // staging reads done before the partial overwrites it
+
+  // C fragment: c0,c1 row g cols 2q,2q+1; c2,c3 row g+8.
+  float (*part)[kCols] = reinterpret_cast<float (*)[kCols]>(my_smem);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int r = mt * 16 + g, c = nt * 8 + 2 * q;
+      part[r][c] = acc[mt][nt][0];
+      part[r][c + 1] = acc[mt][nt][1];
+      part[r + 8][c] = acc[mt][nt][2];
+      part[r + 8][c + 1] = acc[mt][nt][3];
+    }
+}
+
+// Element i of the tile summed over the warp partials, in warp order (after a __syncthreads).
+template <int MT, int NT>
+__device__ __forceinline__ float sum_warp_partials(const unsigned char* smem, int i) {
+  using Tile = GateTile<MT, NT>;
+  float v = reinterpret_cast<const float*>(smem)[i];
+#pragma unroll
+  for (int w = 1; w < kGateWarps; ++w) v = canon::add(v, reinterpret_cast<const float*>(smem + w * Tile::kWarpBytes)[i]);
+  return v;
+}
+
+}  // namespace moekit::kernels::router

@@ -1,0 +1,70 @@
+// params.hpp — the contract of stage 1's kernels, host and device: their parameters, and the
+// geometry the planner (src/tuning) needs to choose among them (shared memory, tile sizes). No
+// device code.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "common/canon.hpp"  // MK_HD
+#include "moekit/moe.hpp"    // kMaxTopk
+
+namespace moekit::kernels::router {
+
+// Per-token slots of the chosen experts (route() rejects k above kMaxTopk).
+constexpr int kTopkSlots = int(kMaxTopk);
+
+// The selection kernels (select.cuh, select_cta.cuh), and the CUDA-core logits of an f32 w_gate.
+struct Params {
+  const __nv_bfloat16* x;   // [T, H]        (when logits are computed)
+  const void* w_gate;       // [E, H] bf16 or f32
+  const float* logits;      // [T, E]        (when given)
+  const float* score_bias;  // [E] or null
+  int32_t* topk_ids;        // [T, k]
+  float* topk_weights;      // [T, k]
+  int64_t tokens, hidden;
+  int experts, topk;
+  bool sigmoid, renormalize;
+  int n_group, topk_group;  // n_group 0: plain top-k
+  float routed_scaling_factor;
+};
+constexpr int kWarpsPerBlock = 4;   // a warp per token (select.cuh)
+constexpr int kLogitTokens = 8;     // tokens per warp of the f32 logits kernel
+constexpr int kCtaMaxExperts = 256; // a thread per expert (select_cta.cuh)
+
+// The tensor-core logits of a bf16 w_gate (gate/).
+struct GateParams {
+  const __nv_bfloat16* x;       // [T, H]
+  const __nv_bfloat16* w_gate;  // [E, H]
+  float* logits;                // [T, E]
+  int64_t tokens, hidden;
+  int experts;
+};
+constexpr int kGateSlices = 8;  // H slices: CTAs per cluster, one slice each (gate/order.hpp)
+constexpr int kGateWarps = 8;   // warps per CTA
+constexpr int kGateStep = 32;   // columns of one warp step: 8 per lane of a quad (one 16-byte load)
+
+// Columns of each slice: ceil(H / slices), rounded up to whole steps.
+MK_HD constexpr int64_t gate_slice_width(int64_t hidden) {
+  return (hidden + int64_t(kGateSlices) * kGateStep - 1) / (int64_t(kGateSlices) * kGateStep) * kGateStep;
+}
+// Entries of the pipelined kernel's step table for H: at most ceil(H / 32) steps plus one partial
+// step per slice.
+MK_HD constexpr int64_t gate_step_table_entries(int64_t hidden) {
+  return (hidden + kGateStep - 1) / kGateStep + kGateSlices;
+}
+
+// The pipelined kernel (gate/pipelined.cuh): a CTA per 128 x 64 tile of tokens x experts, a ring
+// of kGatePipeStages stages of kGatePipeGroup steps. Stages of 4 steps, 4 deep: the fastest of
+// 1 x 6, 2 x 6 and 4 x 4 under ncu (DeepSeek-V3 T=16384 gate 510 / 497 / 477 µs; Qwen3 115 / 118 /
+// 110 µs).
+constexpr int kGatePipeRows = 128, kGatePipeCols = 64;
+constexpr int kGatePipeStepBytes = (kGatePipeRows + kGatePipeCols) * kGateStep * 2;  // 12 KB
+constexpr int kGatePipeGroup = 4, kGatePipeStages = 4;
+// Shared memory of the pipelined kernel for H: the ring, then the step table (two int32 a step).
+MK_HD constexpr int64_t gate_pipelined_smem_bytes(int64_t hidden) {
+  return int64_t(kGatePipeStages) * kGatePipeGroup * kGatePipeStepBytes + 8 * gate_step_table_entries(hidden);
+}
+
+}  // namespace moekit::kernels::router

@@ -1,0 +1,137 @@
+// heuristic.cpp — the rules that choose a kernel where no measured table does: the GEMM tiles and
+// split-K for shapes without a table entry, the router's logits tiling and selection kernel, and
+// the align kernel. Pure host functions of the shape and the device description (unit-tested on
+// the CPU); each rule carries the measurement it came from.
+#include <algorithm>
+#include <cstdint>
+
+#include "common/validate.hpp"
+#include "gemm/sm90/geometry.hpp"
+#include "moekit/moe.hpp"
+#include "router/params.hpp"
+#include "tuning/planner.hpp"
+#include "tuning/table.hpp"
+
+namespace moekit::tuning {
+
+namespace {
+// The largest rows per expert (T*k/E) the heuristic still plans with 16-row decode tiles.
+constexpr int64_t kDecodeRowsPerExpert = 12;
+// Selection with a CTA per token (select_cta.cuh) for 128 < E <= 256 up to this T: decode and the
+// crossover, where a token's chain of dependent instructions on one warp is the router's latency.
+// Above it the warp-per-token kernel is kept (prefill's selection is throughput, not latency).
+// Measured in-graph (router = gate + selection): DeepSeek-V3 (E = 256, sigmoid, grouped) T=1
+// 8.3 -> 7.4 us, but Qwen3 (E = 128, softmax) 4.8 -> 6.2 us: with 4 lanes' worth of experts a
+// warp's chain is short, and the CTA's two top-k passes (each warp's, then the merge) plus its
+// barriers cost more than they save. So E <= 128 keeps the warp kernel.
+constexpr int64_t kSelectCtaMaxTokens = 1024;
+constexpr int64_t kSelectCtaMinExperts = 129;
+// The pipelined logits kernel from this many of its 128 x 64 tiles (E > 8): it re-reads x and
+// w_gate from L2 a quarter as often as the looped kernel but has 8x fewer CTAs (measured on its
+// first version, 1 step x 6 stages without the step table: DeepSeek-V3 T=1024, 32 CTAs, 2.5x
+// slower than the looped kernel; T=4096, 128 CTAs, 1.4x faster; the threshold was not re-measured
+// for the final 4 x 4 version).
+constexpr int64_t kGatePipeMinCtas = 64;
+}  // namespace
+
+// Decode: up to 16 tokens, 16 x 8 tiles in clusters, w_gate spread over the most SMs. Up to 256
+// tokens: 32 x 32 (32 x 8 for E <= 8) tiles in clusters. Beyond: one CTA per 64 x 32 (64 x 8)
+// tile walking the slices (no cluster launched per few hundred MMAs); from kGatePipeMinCtas of its
+// 128 x 64 tiles (E > 8), the pipelined kernel, when its step table fits shared memory.
+RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool logits_in_memory,
+                       int64_t smem_per_block_optin) {
+  namespace kr = kernels::router;
+  RouterPlan r;
+  const int64_t pipe_ctas =
+      (tokens + kr::kGatePipeRows - 1) / kr::kGatePipeRows * ((experts + kr::kGatePipeCols - 1) / kr::kGatePipeCols);
+  const bool pipe_fits = hidden < (int64_t(1) << 30) && kr::gate_pipelined_smem_bytes(hidden) <= smem_per_block_optin;
+  if (tokens <= 16) r.gate = GateKernel::cluster_16x8;
+  else if (tokens <= 256) r.gate = experts <= 8 ? GateKernel::cluster_32x8 : GateKernel::cluster_32x32;
+  else if (experts <= 8) r.gate = GateKernel::looped_64x8;
+  else if (pipe_ctas < kGatePipeMinCtas || !pipe_fits) r.gate = GateKernel::looped_64x32;
+  else r.gate = GateKernel::pipelined_128x64;
+  const bool cta = logits_in_memory && experts >= kSelectCtaMinExperts && experts <= kSelectCtaMaxExperts &&
+                   tokens <= kSelectCtaMaxTokens;
+  r.select = cta ? SelectKernel::cta : SelectKernel::warp;
+  return r;
+}
+
+AlignKernel plan_align(int64_t assignments) {
+  if (assignments <= kAlignWarpMaxAssignments) return AlignKernel::warp;
+  return assignments <= kAlignGridMinAssignments ? AlignKernel::cta : AlignKernel::grid;
+}
+
+bool align_kernel_fits(AlignKernel k, int64_t assignments) {
+  switch (k) {
+    case AlignKernel::warp: return assignments <= kAlignWarpMaxAssignments;
+    case AlignKernel::cta: return true;
+    case AlignKernel::grid: return true;
+  }
+  return false;
+}
+
+// Decode leaves the down GEMM with few output tiles (Mixtral, T=1: 2 experts x 64 column tiles
+// for 264 resident CTAs), so most SMs would idle. Split K until the expected tiles fill the
+// resident CTAs twice over; each split needs at least 4 K-tiles to keep its pipeline busy.
+int plan_down_splits(const MoeShape& s, const GemmConfig& c, const DeviceInfo& device) {
+  if (c.block_m != 16) return 1;  // prefill tiles fill the GPU
+  const int64_t assignments = s.tokens * s.topk;
+  const int64_t experts_touched = std::min(s.experts, assignments);
+  const int64_t rows_per_expert = (assignments + experts_touched - 1) / std::max<int64_t>(experts_touched, 1);
+  const int64_t blocks = experts_touched * ((rows_per_expert + c.block_m - 1) / c.block_m);
+  const int64_t tiles = blocks * ((s.hidden + c.block_n - 1) / c.block_n);
+  const int64_t resident =
+      int64_t(device.sm_count) * std::max<int64_t>(1, device.smem_per_block_optin / gemm_smem_bytes(c));
+  const int64_t k_tiles = (s.inter + c.block_k - 1) / c.block_k;
+  int splits = 1;
+  while (splits < kMaxDownSplits && tiles * splits < 2 * resident && k_tiles / (2 * splits) >= 4) splits *= 2;
+  return splits;
+}
+
+std::string to_string(GateKernel k) {
+  switch (k) {
+    case GateKernel::cluster_16x8: return "cluster16x8";
+    case GateKernel::cluster_32x8: return "cluster32x8";
+    case GateKernel::cluster_32x32: return "cluster32x32";
+    case GateKernel::looped_64x8: return "looped64x8";
+    case GateKernel::looped_64x32: return "looped64x32";
+    case GateKernel::pipelined_128x64: return "pipelined128x64";
+  }
+  return "?";
+}
+std::string to_string(SelectKernel k) { return k == SelectKernel::cta ? "cta" : "warp"; }
+std::string to_string(AlignKernel k) {
+  return k == AlignKernel::warp ? "warp" : k == AlignKernel::cta ? "cta" : "grid";
+}
+
+}  // namespace moekit::tuning
+
+namespace moekit {
+
+// Tile shape follows rows per expert, not T (docs/design.md): a few rows per expert is a weight
+// read (16-row mma.sync tiles, little padding); from about a dozen rows the wgmma kernel's 128-row
+// tiles win even half empty. `moekit tune` on the H200 (configs/) bracketed the switch: 16-row
+// tiles won at 8 rows per expert (Mixtral T=32, Qwen3 T=128, DeepSeek-V3 T=256), the wgmma tiles at
+// 16 (Mixtral T=64, Qwen3 T=256, DeepSeek-V3 T=512), by 4-85%; the 64-row mma.sync tiles won
+// nowhere. 12 is the middle of that bracket.
+ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& device) {
+  detail::expect_shape(shape, "plan_forward");
+  detail::expect_hopper(device, "plan_forward");
+  const int64_t rows = shape.tokens * shape.topk;  // rows per expert = rows / E, compared exactly
+  const bool decode = rows <= tuning::kDecodeRowsPerExpert * shape.experts;
+  const GemmKernel kernel = decode ? GemmKernel::mma_sync : GemmKernel::wgmma;
+  const int block_m = decode ? 16 : kernels::gemm::sm90::kBlockM;
+  const GemmConfig* pick = nullptr;
+  for (const GemmConfig& c : compiled_gemm_configs())
+    if (c.block_m == block_m && c.kernel == kernel && tuning::gemm_smem_bytes(c) <= device.smem_per_block_optin) {
+      pick = &c;
+      break;
+    }
+  if (!pick) detail::fail("plan_forward", "device", "no compiled GEMM config fits its shared memory");
+  ForwardPlan plan = tuning::plan_with(shape, *pick, *pick, tuning::plan_down_splits(shape, *pick, device),
+                                       device.smem_per_block_optin);
+  plan.source = "heuristic";
+  return plan;
+}
+
+}  // namespace moekit

@@ -1,0 +1,54 @@
+// planner.hpp — the planner's internal parts (pure host code, unit-tested on the CPU): the rules
+// that choose the router's and align's kernels and the down GEMM's split-K, and the checks that a
+// plan's choices can run its shape. plan_forward (plan.cpp) composes them with the GEMM tile
+// choice (a measured table's bucket, else heuristic.cpp's rule) into one ForwardPlan.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "moekit/moe.hpp"
+
+namespace moekit::tuning {
+
+// Shared memory a block may opt into on every sm_90 part (H100 SXM/PCIe/NVL, H200, H800, H20:
+// 227 KB). Plans made without a device (plan_forward_with) size the router's kernels by it;
+// plan_forward uses the device's own value.
+inline constexpr int64_t kSm90SmemPerBlockOptin = 227 * 1024;
+
+// The largest block_m of any compiled config (the wgmma tile; configs.cpp checks every config
+// against it): shape validation sizes the worst-case layout with it.
+inline constexpr int kLargestBlockM = 128;
+
+// Stage 1: the tensor-core logits tiling for T tokens, E experts, hidden size H (used when the
+// layer computes the logits of a bf16 w_gate), and the selection kernel. `logits_in_memory`:
+// whether the selection reads materialised logits (given, or computed into a scratch first);
+// without them only the warp kernel, which computes its token's logits itself, can run.
+RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool logits_in_memory,
+                       int64_t smem_per_block_optin);
+// Stage 2: the align kernel for this many assignments (T·k).
+AlignKernel plan_align(int64_t assignments);
+// Splits of the down GEMM's K for a decode config (1: none).
+int plan_down_splits(const MoeShape& shape, const GemmConfig& down, const DeviceInfo& device);
+
+// A plan with the given GEMM configs (checked as plan_forward_with documents) and the router's and
+// align's kernels for its shape, sized with `smem_per_block_optin`.
+ForwardPlan plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,
+                      int64_t smem_per_block_optin);
+
+// What the planner knows of the current device, read once per device (route() plans per call).
+const DeviceInfo& current_device();
+
+// Whether the align kernel `k` can run `assignments` (the warp kernel holds at most a few rounds
+// of ids in registers; the grid needs the workspace's align_scratch, carved only for it).
+bool align_kernel_fits(AlignKernel k, int64_t assignments);
+// The most assignments the one-warp align kernel takes (8 rounds of 32).
+inline constexpr int64_t kAlignWarpMaxAssignments = 256;
+// The most experts the CTA-per-token selection takes (a thread each).
+inline constexpr int64_t kSelectCtaMaxExperts = 256;
+
+std::string to_string(GateKernel k);
+std::string to_string(SelectKernel k);
+std::string to_string(AlignKernel k);
+
+}  // namespace moekit::tuning
