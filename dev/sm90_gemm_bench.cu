@@ -24,7 +24,7 @@
 #include "gemm/expert_gemm.cuh"
 #include "gemm/sm90_expert_gemm.hpp"
 #include "moekit/moe.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 
 namespace {
 

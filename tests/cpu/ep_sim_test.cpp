@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cpu_test_util.hpp"
+#include "moekit/reference.hpp"
 #include "support/ep_sim.hpp"
-#include "reference/reference.hpp"
 
 namespace moekit::testing {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "common/validate.hpp"
 #include "ep/internal.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 
 namespace moekit::ep {
 namespace {
