@@ -1,10 +1,10 @@
 // ep_layer.cu — the host side of an expert-parallel step over NCCL (moekit/ep_nccl.hpp):
-// validation, the buffers (allocated once), and the launches and exchanges of forward().
+// validation, the buffers (allocated once), and the launches and exchanges of forward(). What a
+// rank sets up before its layer (the communicator, its slots' weights) and the check that every
+// rank built the same layer are in setup.cpp.
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -33,65 +33,6 @@ std::vector<int64_t> rows_per_rank(const int32_t* counts, int64_t R, int64_t S) 
   return rows;
 }
 }  // namespace
-
-NcclId nccl_unique_id() {
-  nccl::UniqueId u{};
-  nccl::check(nccl::api().GetUniqueId(&u), "ncclGetUniqueId");
-  NcclId id{};
-  static_assert(sizeof id.bytes == sizeof u.internal);
-  std::memcpy(id.bytes, u.internal, sizeof id.bytes);
-  return id;
-}
-
-std::string nccl_version() {
-  const nccl::Api& a = nccl::api();
-  const int v = a.version;  // 2.9+: major*10000 + minor*100 + patch
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) + " (" +
-         a.library + ")";
-}
-
-Communicator::Communicator(const NcclId& id, int rank, int ranks) : rank_(rank), ranks_(ranks) {
-  constexpr const char* kEntry = "Communicator";
-  if (ranks < 1) fail(kEntry, "ranks", "must be >= 1, got " + str(ranks));
-  if (rank < 0 || rank >= ranks) fail(kEntry, "rank", "must be in [0, " + str(ranks) + "), got " + str(rank));
-  MK_CUDA_CHECK(cudaGetDevice(&device_));
-  nccl::UniqueId u{};
-  std::memcpy(u.internal, id.bytes, sizeof u.internal);
-  nccl::Comm c = nullptr;
-  nccl::check(nccl::api().CommInitRank(&c, ranks, u, rank), "ncclCommInitRank");
-  comm_ = c;
-}
-
-Communicator::~Communicator() {
-  if (comm_ != nullptr) {
-    const nccl::Result r = nccl::api().CommDestroy(as_comm(comm_));
-    if (r != 0) std::fprintf(stderr, "moekit: ncclCommDestroy failed: %d\n", r);
-  }
-}
-
-void copy_local_experts(const Placement& placement, int64_t rank, const Tensor& w13, const Tensor& w2,
-                        const Tensor& w13_local, const Tensor& w2_local, cudaStream_t stream) {
-  constexpr const char* kEntry = "copy_local_experts";
-  internal::expect_placement(placement, kEntry, "placement");
-  const int64_t E = placement.experts, S = placement.slots_per_rank;
-  if (rank < 0 || rank >= placement.ranks)
-    fail(kEntry, "rank", "must be in [0, " + str(placement.ranks) + "), got " + str(rank));
-  if (w13.rank != 3) fail(kEntry, "w13", "expected [E, 2F, H], got " + w13.shape_str());
-  const int64_t F2 = w13.dim(1), H = w13.dim(2);
-  detail::expect_tensor(kEntry, "w13", w13, DType::bf16, {E, F2, H});
-  detail::expect_tensor(kEntry, "w2", w2, DType::bf16, {E, H, F2 / 2});
-  detail::expect_tensor(kEntry, "w13_local", w13_local, DType::bf16, {S, F2, H});
-  detail::expect_tensor(kEntry, "w2_local", w2_local, DType::bf16, {S, H, F2 / 2});
-  const size_t b13 = size_t(F2 * H) * 2, b2 = size_t(H * (F2 / 2)) * 2;  // bytes per expert
-  for (int64_t l = 0; l < S; ++l) {
-    const int32_t e = placement.slot_expert[size_t(rank * S + l)];
-    if (e < 0) continue;
-    MK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(w13_local.data) + l * b13, static_cast<const char*>(w13.data) + e * b13,
-                                  b13, cudaMemcpyDeviceToDevice, stream));
-    MK_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(w2_local.data) + l * b2, static_cast<const char*>(w2.data) + e * b2, b2,
-                                  cudaMemcpyDeviceToDevice, stream));
-  }
-}
 
 // ---- buffers -----------------------------------------------------------------------------------
 struct EpLayer::Buffers {
@@ -217,57 +158,13 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   MK_CUDA_CHECK(cudaDeviceSynchronize());  // the memset and table copies are done before any stream uses them
 }
 
-// Every rank must build the same layer: the message sizes and receive buffers follow from these
-// values, and a peer with others would hang NCCL or overrun a buffer. Each rank sends its
-// descriptor to every rank and compares what it gets; all ranks see a mismatch and throw.
-void EpLayer::agree_with_peers() {
-  const int R = comm_.ranks();
-  auto fnv = [](uint64_t& h, int64_t v) { h = (h ^ uint64_t(v)) * 1099511628211ull; };  // FNV-1a step
-  uint64_t table_hash = 1469598103934665603ull, config_hash = 1469598103934665603ull;
-  for (int32_t v : placement_.slot_expert) fnv(table_hash, v);
-  for (int32_t v : placement_.replica_slots) fnv(table_hash, v);
-  fnv(table_hash, int64_t(placement_.rule));
-  for (char ch : local_plan_.up.str() + "/" + local_plan_.down.str()) fnv(config_hash, ch);
-  const MoeShape& s = opt_.shape;
-  constexpr int kFields = 9;
-  static const char* kNames[kFields] = {"mode",          "capacity",   "shape.tokens", "shape.hidden", "shape.inter",
-                                        "shape.experts", "shape.topk", "tile configs", "placement"};
-  const int64_t mine[kFields] = {
-      int64_t(opt_.mode),   capacity_,          s.tokens, s.hidden, s.inter, s.experts, s.topk,
-      int64_t(config_hash), int64_t(table_hash)};
-  int64_t* d = nullptr;
-  MK_CUDA_CHECK(cudaMalloc(&d, sizeof(int64_t) * kFields * (R + 1)));
-  std::vector<int64_t> theirs(size_t(kFields * R));
-  cudaStream_t stream = nullptr;
-  try {
-    MK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    MK_CUDA_CHECK(cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice));
-    nccl::all_gather(as_comm(comm_.nccl_comm()), R, d, d + kFields, sizeof mine, stream);
-    MK_CUDA_CHECK(cudaMemcpyAsync(theirs.data(), d + kFields, theirs.size() * 8, cudaMemcpyDeviceToHost, stream));
-    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  } catch (...) {
-    if (stream) cudaStreamDestroy(stream);
-    cudaFree(d);
-    throw;
-  }
-  cudaStreamDestroy(stream);
-  cudaFree(d);
-  for (int peer = 0; peer < R; ++peer)
-    for (int f = 0; f < kFields; ++f)
-      if (theirs[size_t(peer * kFields + f)] != mine[f])
-        fail("EpLayer", f == kFields - 1 ? "placement" : "options",
-             std::string(kNames[f]) + " differs between rank " + str(comm_.rank()) + " and rank " + str(peer) +
-                 ": every rank must build the same layer");
-}
-
 EpLayer::~EpLayer() = default;
 
 // ---- exchanges -------------------------------------------------------------------------------
 // The [R][S] counts: row d of this rank's slot counts goes to d; source s's row lands at [s].
 void EpLayer::exchange_counts(cudaStream_t stream) {
   const int32_t* counts = opt_.mode == EpMode::decode ? buf_->sent_counts : buf_->slot_counts;
-  nccl::all_to_all(as_comm(comm_.nccl_comm()), comm_.ranks(), counts, buf_->recv_counts,
-                   size_t(placement_.slots_per_rank) * 4, stream);
+  comm_.all_to_all(counts, buf_->recv_counts, size_t(placement_.slots_per_rank) * 4, stream);
 }
 
 // Dispatch (back = false): send_x/send_w rows of destination d (send_rows_[d] of them, after those
