@@ -17,12 +17,16 @@
 // Every row's result depends only on its x row, its expert and its weight (a GEMM row does not
 // see its tile's other rows), so with the same tile configs and down_splits = 1 the output is
 // bitwise the single-GPU experts_forward's; tests/gpu/ep_test.cu checks that with R processes.
+// Besides the layer: the communicator's equal-size collectives, and spawn_ranks, a single-host
+// launcher of the R rank processes.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,10 +55,40 @@ class Communicator {
   int device() const { return device_; }
   void* nccl_comm() const { return comm_; }  // ncclComm_t
 
+  // Equal-size exchanges among the R ranks (device buffers), one ncclGroupStart/End of
+  // ncclSend/ncclRecv each, enqueued on `stream` only: no host sync, capturable in a CUDA graph.
+  // Every rank must make the same call with the same sizes (NCCL pairs the messages).
+  // all_to_all: block p of send [R][bytes_per_rank] goes to rank p; rank p's block lands in
+  // block p of recv [R][bytes_per_rank].
+  void all_to_all(const void* send, void* recv, size_t bytes_per_rank, cudaStream_t stream) const;
+  // all_gather: send [bytes] goes to every rank; rank p's lands in block p of recv [R][bytes].
+  void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t stream) const;
+
  private:
   void* comm_ = nullptr;
   int rank_ = 0, ranks_ = 0, device_ = 0;
 };
+
+// ---- R rank processes on one host -------------------------------------------------------------
+// One GPU each, for the EP tests and `moekit bench --ep`: the parent makes the NCCL id and runs R
+// copies of its own executable (fork + exec of /proc/self/exe: a fresh process per rank, whatever
+// CUDA state the parent has), each told its rank through the environment. A stand-in for torchrun
+// or mpirun, nothing more.
+struct RankEnv {
+  int rank = 0, ranks = 1;
+  NcclId id{};
+};
+
+// In a spawned rank: its rank, R and the NCCL id (MOEKIT_EP_RANK, MOEKIT_EP_RANKS,
+// MOEKIT_EP_NCCL_ID); std::nullopt in a process that was not spawned. Malformed values throw
+// moekit::Error naming the variable.
+std::optional<RankEnv> rank_from_env();
+
+// Runs `ranks` copies of this executable with argv = {argv0, args...} and waits for all of them.
+// Returns each rank's exit status (128 + signal if it was killed). Rank r should use GPU r. Once
+// one rank has failed, the others get a grace period to finish, then are killed (a rank that
+// failed leaves its peers blocked in NCCL).
+std::vector<int> spawn_ranks(int ranks, const std::vector<std::string>& args);
 
 // This rank's slots' weights from the whole layer's: w13_local[l] = w13[e], w2_local[l] = w2[e]
 // for e = slot_expert[rank*S + l]; an empty slot's weights are left as they are (never read).

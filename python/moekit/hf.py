@@ -14,6 +14,9 @@ down(silu(gate(x)) * up(x)) of nn.Linear weights [out, in], so gate/up are [F, H
 Newer transformers keep the experts fused (experts.gate_up_proj [E, 2F, H], experts.down_proj
 [E, H, F]): already moekit's layout, taken as they are. DeepSeek-V3's shared experts are a dense
 MLP outside the routed experts: run them beside the MoE.
+
+Packing only: the layer built from these weights is moekit.torch's (MoE.from_hf, moe_from_hf),
+which imports this module, never the other way round.
 """
 from __future__ import annotations
 
@@ -25,8 +28,7 @@ from torch import Tensor
 
 from . import _moekit as _C
 
-__all__ = ["pack_experts", "pack_hf_moe", "pack_hf_state_dict", "routing_from_hf_config", "moe_from_hf",
-           "ARCH_DEFAULTS"]
+__all__ = ["pack_experts", "pack_hf_moe", "pack_hf_state_dict", "routing_from_hf_config", "ARCH_DEFAULTS"]
 
 # Per-expert projection names: (gate, up, down).
 _EXPERT_NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))
@@ -214,28 +216,3 @@ def routing_from_hf_config(config, arch: Optional[str] = None) -> dict:
                 num_expert_group=None if not n_group else int(n_group),
                 topk_group=None if not n_group else int(topk_group),
                 routed_scaling_factor=float(getattr(config, "routed_scaling_factor", 1.0)))
-
-
-def moe_from_hf(layer: torch.nn.Module, config=None, arch: Optional[str] = None, *, device=None, **overrides):
-    """A moekit.torch.MoE holding the packed weights of a Hugging Face decoder layer's MoE.
-
-    Routing comes from `config` (the model's HF config) when given, else from ARCH_DEFAULTS for
-    the detected architecture; keyword overrides (top_k=..., ...) win over both.
-    """
-    from .torch import MoE
-
-    packed = pack_hf_moe(layer, device=device)
-    arch = arch or getattr(config, "model_type", None) or packed["arch"]
-    opts = routing_from_hf_config(config, arch) if config is not None else dict(ARCH_DEFAULTS[arch])
-    opts.update(overrides)
-    w_gate, w13, w2, bias = packed["w_gate"], packed["w13"], packed["w2"], packed["e_score_correction_bias"]
-    E, F2, H = w13.shape
-    gate_dtype = w_gate.dtype if w_gate.dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
-    top_k = opts.pop("top_k")
-    moe = MoE(H, F2 // 2, E, top_k, score_bias=bias is not None, gate_dtype=gate_dtype, device="meta", **opts)
-    moe.w_gate = torch.nn.Parameter(w_gate.to(gate_dtype), requires_grad=False)
-    moe.w13 = torch.nn.Parameter(w13, requires_grad=False)
-    moe.w2 = torch.nn.Parameter(w2, requires_grad=False)
-    if bias is not None:
-        moe.e_score_correction_bias = bias
-    return moe

@@ -23,7 +23,7 @@ from torch import Tensor
 from . import _moekit as _C
 from ._torch_util import (_alias, _check, _check_experts, _check_no_overlap, _check_router, _check_routing, _dl,
                           _fail, _forward_only, _grouped_topk, _plan, _required, _stream, _workspace, plan)
-from .hf import moe_from_hf, pack_experts, pack_hf_moe, pack_hf_state_dict, routing_from_hf_config
+from .hf import ARCH_DEFAULTS, pack_experts, pack_hf_moe, pack_hf_state_dict, routing_from_hf_config
 from .stages import Workspace, align, expert_down, expert_up
 
 __all__ = [
@@ -372,3 +372,27 @@ class MoE(torch.nn.Module):
         """The MoE of a Hugging Face decoder layer (or its MoE block): Mixtral, Qwen3-MoE or
         DeepSeek-V3. See moekit.torch.moe_from_hf."""
         return moe_from_hf(layer, config, arch, **overrides)
+
+
+def moe_from_hf(layer: torch.nn.Module, config=None, arch: Optional[str] = None, *, device=None, **overrides):
+    """A moekit.torch.MoE holding the packed weights of a Hugging Face decoder layer's MoE.
+
+    Routing comes from `config` (the model's HF config) when given, else from
+    moekit.hf.ARCH_DEFAULTS for the detected architecture; keyword overrides (top_k=..., ...) win
+    over both.
+    """
+    packed = pack_hf_moe(layer, device=device)
+    arch = arch or getattr(config, "model_type", None) or packed["arch"]
+    opts = routing_from_hf_config(config, arch) if config is not None else dict(ARCH_DEFAULTS[arch])
+    opts.update(overrides)
+    w_gate, w13, w2, bias = packed["w_gate"], packed["w13"], packed["w2"], packed["e_score_correction_bias"]
+    E, F2, H = w13.shape
+    gate_dtype = w_gate.dtype if w_gate.dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
+    top_k = opts.pop("top_k")
+    moe = MoE(H, F2 // 2, E, top_k, score_bias=bias is not None, gate_dtype=gate_dtype, device="meta", **opts)
+    moe.w_gate = torch.nn.Parameter(w_gate.to(gate_dtype), requires_grad=False)
+    moe.w13 = torch.nn.Parameter(w13, requires_grad=False)
+    moe.w2 = torch.nn.Parameter(w2, requires_grad=False)
+    if bias is not None:
+        moe.e_score_correction_bias = bias
+    return moe

@@ -1,4 +1,4 @@
-// tensor.cpp — Tensor view helpers (host only; shared by the library and the CPU oracle).
+// tensor.cpp — Tensor view helpers and dtype names of moekit/tensor.hpp (host only).
 #include "moekit/tensor.hpp"
 
 namespace moekit {

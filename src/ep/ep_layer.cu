@@ -1,10 +1,10 @@
 // ep_layer.cu — the host side of an expert-parallel step over NCCL (moekit/ep_nccl.hpp):
-// validation, the buffers (allocated once), and the launches and exchanges of forward().
+// validation, the buffers (allocated once), and the launches and exchanges of forward(). What a
+// rank sets up before its layer (the communicator, its slots' weights) and the check that every
+// rank built the same layer are in setup.cpp.
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -156,57 +156,13 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   MK_CUDA_CHECK(cudaDeviceSynchronize());  // the memset and table copies are done before any stream uses them
 }
 
-// Every rank must build the same layer: the message sizes and receive buffers follow from these
-// values, and a peer with others would hang NCCL or overrun a buffer. Each rank sends its
-// descriptor to every rank and compares what it gets; all ranks see a mismatch and throw.
-void EpLayer::agree_with_peers() {
-  const int R = comm_.ranks();
-  auto fnv = [](uint64_t& h, int64_t v) { h = (h ^ uint64_t(v)) * 1099511628211ull; };  // FNV-1a step
-  uint64_t table_hash = 1469598103934665603ull, config_hash = 1469598103934665603ull;
-  for (int32_t v : placement_.slot_expert) fnv(table_hash, v);
-  for (int32_t v : placement_.replica_slots) fnv(table_hash, v);
-  fnv(table_hash, int64_t(placement_.rule));
-  for (char ch : local_plan_.up.str() + "/" + local_plan_.down.str()) fnv(config_hash, ch);
-  const MoeShape& s = opt_.shape;
-  constexpr int kFields = 9;
-  static const char* kNames[kFields] = {"mode",          "capacity",   "shape.tokens", "shape.hidden", "shape.inter",
-                                        "shape.experts", "shape.topk", "tile configs", "placement"};
-  const int64_t mine[kFields] = {
-      int64_t(opt_.mode),   capacity_,          s.tokens, s.hidden, s.inter, s.experts, s.topk,
-      int64_t(config_hash), int64_t(table_hash)};
-  int64_t* d = nullptr;
-  MK_CUDA_CHECK(cudaMalloc(&d, sizeof(int64_t) * kFields * (R + 1)));
-  std::vector<int64_t> theirs(size_t(kFields * R));
-  cudaStream_t stream = nullptr;
-  try {
-    MK_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    MK_CUDA_CHECK(cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice));
-    nccl::all_gather(as_comm(comm_.nccl_comm()), R, d, d + kFields, sizeof mine, stream);
-    MK_CUDA_CHECK(cudaMemcpyAsync(theirs.data(), d + kFields, theirs.size() * 8, cudaMemcpyDeviceToHost, stream));
-    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  } catch (...) {
-    if (stream) cudaStreamDestroy(stream);
-    cudaFree(d);
-    throw;
-  }
-  cudaStreamDestroy(stream);
-  cudaFree(d);
-  for (int peer = 0; peer < R; ++peer)
-    for (int f = 0; f < kFields; ++f)
-      if (theirs[size_t(peer * kFields + f)] != mine[f])
-        fail("EpLayer", f == kFields - 1 ? "placement" : "options",
-             std::string(kNames[f]) + " differs between rank " + str(comm_.rank()) + " and rank " + str(peer) +
-                 ": every rank must build the same layer");
-}
-
 EpLayer::~EpLayer() = default;
 
 // ---- exchanges -------------------------------------------------------------------------------
 // The [R][S] counts: row d of this rank's slot counts goes to d; source s's row lands at [s].
 void EpLayer::exchange_counts(cudaStream_t stream) {
   const int32_t* counts = opt_.mode == EpMode::decode ? buf_->sent_counts : buf_->slot_counts;
-  nccl::all_to_all(as_comm(comm_.nccl_comm()), comm_.ranks(), counts, buf_->recv_counts,
-                   size_t(placement_.slots_per_rank) * 4, stream);
+  comm_.all_to_all(counts, buf_->recv_counts, size_t(placement_.slots_per_rank) * 4, stream);
 }
 
 // Dispatch (back = false): send_x/send_w rows of destination d (send_rows_[d] of them, after those

@@ -1,6 +1,4 @@
-// spawn.cpp — see spawn.hpp.
-#include "ep/spawn.hpp"
-
+// spawn.cpp — spawn_ranks and rank_from_env (moekit/ep_nccl.hpp): R rank processes on one host.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,9 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/validate.hpp"
+#include "moekit/ep_nccl.hpp"
 #include "moekit/tensor.hpp"
 
 extern char** environ;

@@ -1,6 +1,6 @@
-// reference.cpp — the CPU oracle (see reference.hpp). Built with -ffp-contract=off: the router
-// and combine use canon.hpp's operations in the kernels' order, so results are bitwise equal.
-#include "reference/reference.hpp"
+// reference.cpp — the CPU oracle (see moekit/reference.hpp). Built with -ffp-contract=off: the
+// router and combine use canon.hpp's operations in the kernels' order, so results are bitwise equal.
+#include "moekit/reference.hpp"
 
 #include <algorithm>
 #include <cmath>

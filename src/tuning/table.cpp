@@ -1,6 +1,6 @@
 // table.cpp — lookup in the measured tile-config tables (configs/*.json, compiled in by
-// cmake/tuning_tables.cmake) and the pure parts of `moekit tune`: candidates, bucket bounds,
-// merging a run into a table. See table.hpp.
+// cmake/tuning_tables.cmake; tuning/table.hpp) and the pure parts of `moekit tune`: candidates,
+// bucket bounds, merging a run into a table (moekit/tuning.hpp).
 #include "tuning/table.hpp"
 
 #include <algorithm>

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "cpu_test_util.hpp"
-#include "ep/spawn.hpp"
 #include "moekit/ep_nccl.hpp"
 
 namespace moekit::testing {

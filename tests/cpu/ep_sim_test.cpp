@@ -1,4 +1,4 @@
-// ep_sim_test.cpp — R expert-parallel ranks simulated on the CPU (src/ep/ep_sim.hpp): every
+// ep_sim_test.cpp — R expert-parallel ranks simulated on the CPU (tests/support/ep_sim.hpp): every
 // assignment delivered exactly once to its planned rank and back to its (token, slot), the
 // combined output bitwise the single-rank one, decode's overflow counted exactly, and the
 // checker itself shown to catch each kind of fault.
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cpu_test_util.hpp"
-#include "ep/ep_sim.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
+#include "support/ep_sim.hpp"
 
 namespace moekit::testing {
 namespace {

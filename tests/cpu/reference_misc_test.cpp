@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cpu_test_util.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 
 namespace moekit::testing {
 namespace {

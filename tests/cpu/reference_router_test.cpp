@@ -12,7 +12,7 @@
 
 #include "common/canon.hpp"
 #include "cpu_test_util.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 
 namespace moekit::testing {
 namespace {

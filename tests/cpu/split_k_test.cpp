@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "cpu_test_util.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 
 namespace moekit::testing {
 namespace {

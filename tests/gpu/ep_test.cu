@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "ep/spawn.hpp"
 #include "gpu/gpu_util.hpp"
 #include "gpu/hash_fill.hpp"
 #include "moekit/ep.hpp"

@@ -14,7 +14,7 @@
 #include "common/cuda_check.hpp"
 #include "errors.hpp"
 #include "moekit/moe.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 
 namespace moekit::test {
 

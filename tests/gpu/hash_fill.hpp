@@ -12,7 +12,7 @@
 
 #include "common/canon.hpp"
 #include "common/cuda_check.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 
 namespace moekit::test {
 

@@ -1,9 +1,9 @@
 """tests/python — pytest for the moekit Python package (installed: `pip install .`).
 
 CPU tests (CI) run everywhere: the import, planning, validation errors (NumPy / buffer-protocol
-arrays where no torch is installed), HF weight packing (needs torch, skipped without it). GPU
-tests (marked `gpu`) need a Hopper GPU and PyTorch with CUDA, and are skipped elsewhere with
-the reason shown (pytest -rs).
+arrays where no torch is installed), the package's import graph (parsed, not imported), HF weight
+packing (needs torch, skipped without it). GPU tests (marked `gpu`) need a Hopper GPU and PyTorch
+with CUDA, and are skipped elsewhere with the reason shown (pytest -rs).
 """
 import importlib.util
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 #include "tool_util.hpp"
 
 namespace moekit::cli {

@@ -8,9 +8,9 @@
 //   step    route + EpLayer::forward, median of --steps (decode: replayed from a CUDA graph;
 //           prefill: eager, it syncs once for the counts);
 //   a2a     EpLayer::exchange_only, the step's two exchanges alone;
-//   nccl    NCCL's own all-to-all (grouped ncclSend/ncclRecv of equal sizes to every rank, the
-//           pattern of nccl-tests' alltoall) moving the same bytes to peers, twice (dispatch and
-//           return): the transport's ceiling measured in the same run.
+//   nccl    NCCL's own all-to-all (Communicator::all_to_all: grouped ncclSend/ncclRecv of equal
+//           sizes to every rank, the pattern of nccl-tests' alltoall) moving the same bytes to
+//           peers, twice (dispatch and return): the transport's ceiling measured in the same run.
 // Rank 0 prints the table and writes --json (command, date, GPU, NCCL version).
 #include <cuda_runtime_api.h>
 
@@ -23,8 +23,6 @@
 #include <vector>
 
 #include "bench.hpp"
-#include "ep/nccl.hpp"
-#include "ep/spawn.hpp"
 #include "layer.hpp"
 #include "rng.hpp"
 #include "moekit/ep.hpp"
@@ -46,15 +44,13 @@ struct EpRow {
   double nccl_GBps() const { return nccl_ms > 0 ? double(bytes_on_wire) / (nccl_ms * 1e-3) / 1e9 : 0; }
 };
 
-ep::nccl::Comm nccl_comm(const ep::Communicator& comm) { return static_cast<ep::nccl::Comm>(comm.nccl_comm()); }
-
 // The largest of every rank's `value` (a size all ranks must agree on before a paired exchange).
 int64_t max_over_ranks(const ep::Communicator& comm, int64_t value, cudaStream_t stream) {
   const int R = comm.ranks();
   const DeviceBuffer d(8 * (R + 1));
   std::vector<int64_t> all(static_cast<size_t>(R));
   MK_CUDA_CHECK(cudaMemcpyAsync(d.get(), &value, 8, cudaMemcpyHostToDevice, stream));
-  ep::nccl::all_gather(nccl_comm(comm), R, d.get(), d.as<int64_t>() + 1, 8, stream);
+  comm.all_gather(d.get(), d.as<int64_t>() + 1, 8, stream);
   MK_CUDA_CHECK(cudaMemcpyAsync(all.data(), d.as<int64_t>() + 1, 8 * size_t(R), cudaMemcpyDeviceToHost, stream));
   MK_CUDA_CHECK(cudaStreamSynchronize(stream));
   return *std::max_element(all.begin(), all.end());
@@ -149,8 +145,8 @@ int run_rank(const BenchArgs& args, const ep::RankEnv& env, const std::string& c
     if (per_peer > 0) {
       const DeviceBuffer sb(int64_t(per_peer) * R), rb(int64_t(per_peer) * R);
       row.nccl_ms = time_median_ms(s, args.warmup, args.steps, [&](int) {
-        ep::nccl::all_to_all(nccl_comm(comm), R, sb.get(), rb.get(), per_peer, s);
-        ep::nccl::all_to_all(nccl_comm(comm), R, sb.get(), rb.get(), per_peer, s);
+        comm.all_to_all(sb.get(), rb.get(), per_peer, s);
+        comm.all_to_all(sb.get(), rb.get(), per_peer, s);
       });
     }
     if (lead)

@@ -13,7 +13,7 @@
 
 #include "bench.hpp"
 #include "cpu_oracle.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 #include "rng.hpp"
 #include "tool_util.hpp"
 

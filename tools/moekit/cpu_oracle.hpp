@@ -15,7 +15,7 @@
 
 #include "bench.hpp"
 #include "layer.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 #include "rng.hpp"
 
 namespace moekit::cli {

@@ -1,5 +1,6 @@
-// tool_util.hpp — host helpers of the CLI: checked cuBLAS calls, an owning device buffer,
-// the GPU probe, and the CUDA-event timer every benchmark number comes from.
+// tool_util.hpp — host helpers of the CLI: checked CUDA and cuBLAS calls, an owning device
+// buffer, the GPU probe, and the CUDA-event timer every benchmark number comes from. The CLI is
+// built on the public headers alone, so it checks its own CUDA calls here.
 #pragma once
 
 #include <cublas_v2.h>
@@ -13,10 +14,15 @@
 #include <utility>
 #include <vector>
 
-#include "common/cuda_check.hpp"
 #include "moekit/tensor.hpp"
 
 namespace moekit::cli {
+
+inline void cuda_check(cudaError_t err, const char* what, const char* file, int line) {
+  if (err == cudaSuccess) return;
+  throw CudaError(std::string("CUDA error '") + cudaGetErrorString(err) + "' in " + what + " at " + file + ":" +
+                  std::to_string(line));
+}
 
 inline void cublas_check(cublasStatus_t st, const char* what, const char* file, int line) {
   if (st == CUBLAS_STATUS_SUCCESS) return;
@@ -26,6 +32,9 @@ inline void cublas_check(cublasStatus_t st, const char* what, const char* file, 
 
 }  // namespace moekit::cli
 
+#define MK_CUDA_CHECK(expr) ::moekit::cli::cuda_check((expr), #expr, __FILE__, __LINE__)
+// After a <<<>>> launch: configuration errors surface through cudaGetLastError.
+#define MK_LAUNCH_CHECK(name) ::moekit::cli::cuda_check(cudaGetLastError(), name, __FILE__, __LINE__)
 #define MK_CUBLAS_CHECK(expr) ::moekit::cli::cublas_check((expr), #expr, __FILE__, __LINE__)
 
 namespace moekit::cli {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "moekit/tuning.hpp"
 #include "presets.hpp"
-#include "tuning/table.hpp"
 
 namespace moekit::cli {
 

@@ -8,6 +8,7 @@
 // their assignment row, and each source combines its tokens in slot order (ref::combine).
 // check_delivery then proves every assignment ran exactly once, by its expert, on its planned
 // rank, and came back to its own (token, slot); y must equal single_rank() bitwise.
+// Test-only: built into moekit_test_support (tests/CMakeLists.txt), not into the library.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // ep_sim.cpp — the CPU simulation of R expert-parallel ranks (ep_sim.hpp). Messages are plain
 // vectors standing for what ncclSend/ncclRecv would move; the layouts are the library's own.
-#include "ep/ep_sim.hpp"
+// Test support (moekit_test_support): the library does not contain it.
+#include "support/ep_sim.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -8,7 +9,7 @@
 
 #include "common/validate.hpp"
 #include "ep/internal.hpp"
-#include "reference/reference.hpp"
+#include "moekit/reference.hpp"
 
 namespace moekit::ep {
 namespace {

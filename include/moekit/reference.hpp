@@ -1,9 +1,11 @@
-// reference.hpp — the CPU oracle: a plain C++ reference of every stage of the forward pass.
+// moekit/reference.hpp — the CPU oracle: a plain C++ reference of every stage of the forward pass
+// (library moekit_reference, apart from moekit_lib: plain C++, no CUDA runtime).
 //
-// Every GPU test compares with these functions, and `moekit check` runs them on a machine with
-// no GPU. Router, align and combine follow the exact operation order of the kernels (see
-// common/canon.hpp) and must match them bit for bit; the expert FFN is the naive per-expert
-// loop of DESIGN.md in double precision, the ground truth the GEMMs are measured against.
+// Every GPU test compares with these functions, `moekit check --cpu` runs them on a machine with
+// no GPU, and `moekit bench` checks against them before it times. Router, align and combine
+// follow the exact operation order of the kernels (src/common/canon.hpp) and must match them bit
+// for bit; the expert FFN is the naive per-expert loop of docs/design.md in double precision,
+// the ground truth the GEMMs are measured against.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +40,7 @@ struct Routing {
   std::vector<int32_t> ids;    // [T, k]
   std::vector<float> weights;  // [T, k]
 };
-// Scoring, optional bias and grouped top-k, top-k, renormalize, scaling (DESIGN stage 1).
+// Scoring, optional bias and grouped top-k, top-k, renormalize, scaling (docs/design.md, stage 1).
 Routing route(const float* logits, const float* score_bias, int64_t tokens, int64_t experts,
               int64_t topk, const RouterOptions& opt);
 
@@ -68,7 +70,7 @@ std::vector<double> expert_act(const bf16* x_row, const bf16* w13_expert, int64_
 std::vector<double> expert_down_row(const bf16* act_row, const bf16* w2_expert, float weight,
                                     int64_t hidden, int64_t inter);
 
-// The naive loop of DESIGN.md for the listed tokens: y[t] = Σ_j w_j · FFN_{e_j}(x[t]), double.
+// The naive loop of docs/design.md for the listed tokens: y[t] = Σ_j w_j · FFN_{e_j}(x[t]), double.
 // Returns [tokens.size(), H]. Tokens are independent, so callers check a sample of a large T.
 std::vector<double> moe_tokens(const MoeShape& shape, const bf16* x, const bf16* w13,
                                const bf16* w2, const int32_t* topk_ids, const float* topk_weights,
