@@ -46,8 +46,27 @@ struct EpLayer::Buffers {
   __nv_bfloat16 *send_x, *ret_x, *recv_x;
   float *send_w, *recv_w;
   void* local_ws = nullptr;
-  size_t local_ws_bytes = 0;
   Workspace ws;
+  // Every buffer, laid out over `p` in one list (tuning/workspace.hpp): over no buffer for the
+  // size, then over the allocation for the pointers. The local GEMMs' workspace comes last.
+  struct Sizes {
+    int64_t experts, replica_slots, assignments, slots, send_rows, recv_rows, hidden, local_ws_bytes;
+    bool grid_align;
+  };
+  void lay_out(detail::Pieces& p, const Sizes& z) {
+    auto i32 = [&](int64_t n) { return p.add(DType::i32, {n}).as<int32_t>(); };
+    const int64_t A = z.assignments;
+    replica_offsets = i32(z.experts + 1), replica_slots = i32(z.replica_slots);
+    slot = i32(A), order = i32(A), order_blocks = i32(A), order_rows = i32(1);
+    slot_counts = i32(z.slots), status = i32(1);
+    align_scratch = p.add(DType::i32, {int64_t(kAlignMaxCtas), z.slots + 1}, z.grid_align).as<int32_t>();
+    inv = i32(A), sent_counts = i32(z.slots), recv_counts = i32(z.slots), overflow = i32(1);
+    send_x = p.add(DType::bf16, {z.send_rows, z.hidden}).as<__nv_bfloat16>();
+    ret_x = p.add(DType::bf16, {z.send_rows, z.hidden}).as<__nv_bfloat16>();
+    send_w = p.add(DType::f32, {z.send_rows}).as<float>();
+    recv_x = p.add(DType::bf16, {z.recv_rows, z.hidden}).as<__nv_bfloat16>();  // weights: the local ws
+    local_ws = p.add(DType::i32, {(z.local_ws_bytes + 3) / 4}).data;
+  }
   ~Buffers() {
     if (base) cudaFree(base);
     if (h_counts) cudaFreeHost(h_counts);
@@ -105,40 +124,27 @@ EpLayer::EpLayer(const Communicator& comm, const Placement& placement, const EpO
   }
   local_plan_ = plan_forward_with(local, up, down, 1);
 
-  // One allocation, laid out as pieces (tuning/workspace.hpp), the local GEMMs' workspace last.
-  const int64_t slots = R * S, E = s.experts, H = s.hidden;
-  const int64_t send_rows_max = opt_.mode == EpMode::decode ? R * capacity_ : A;
-  detail::Pieces pieces;
-  auto i32 = [&](int64_t n) { return pieces.add(DType::i32, {n}); };
-  const detail::Piece roff = i32(E + 1), rslots = i32(int64_t(placement_.replica_slots.size()));
-  const detail::Piece slot = i32(A), order = i32(A), order_blocks = i32(A), order_rows = i32(1);
-  const detail::Piece slot_counts = i32(slots), status = i32(1);
-  // The send order's align over A assignments at most: its grid kernel needs a scratch.
-  const bool grid_align = tuning::plan_align(A) == AlignKernel::grid;
-  const detail::Piece scratch = pieces.add(DType::i32, {int64_t(kAlignMaxCtas), slots + 1}, grid_align);
-  const detail::Piece inv = i32(A), sent_counts = i32(slots), recv_counts = i32(slots), overflow = i32(1);
-  const detail::Piece send_x = pieces.add(DType::bf16, {send_rows_max, H}), ret_x = pieces.add(DType::bf16, {send_rows_max, H});
-  const detail::Piece send_w = pieces.add(DType::f32, {send_rows_max});
-  const detail::Piece recv_x = pieces.add(DType::bf16, {recv_rows_max_, H});  // weights land in the local ws.topk_weights
-  const int64_t local_bytes = int64_t(workspace_bytes(local_plan_));
-  const detail::Piece local_ws = pieces.add(DType::i32, {(local_bytes + 3) / 4});
-  bytes_ = size_t(pieces.bytes());
-
+  // One allocation for every buffer. The send order's align takes A assignments at most: its grid
+  // kernel (tuning::plan_align) needs a scratch.
+  const int64_t slots = R * S, E = s.experts;
+  const Buffers::Sizes sizes{E,
+                             int64_t(placement_.replica_slots.size()),
+                             A,
+                             slots,
+                             opt_.mode == EpMode::decode ? R * capacity_ : A,
+                             recv_rows_max_,
+                             s.hidden,
+                             int64_t(workspace_bytes(local_plan_)),
+                             tuning::plan_align(A) == AlignKernel::grid};
   buf_ = std::make_unique<Buffers>();
   Buffers& b = *buf_;
+  detail::Pieces sizing;
+  b.lay_out(sizing, sizes);
+  bytes_ = size_t(sizing.bytes());
   MK_CUDA_CHECK(cudaMalloc(&b.base, bytes_));
   MK_CUDA_CHECK(cudaMallocHost(&b.h_counts, size_t(2 * slots) * 4));
-  auto at = [&](const detail::Piece& p) { return p.view(b.base).data; };
-  auto i32_at = [&](const detail::Piece& p) { return static_cast<int32_t*>(at(p)); };
-  b.replica_offsets = i32_at(roff), b.replica_slots = i32_at(rslots);
-  b.slot = i32_at(slot), b.order = i32_at(order), b.order_blocks = i32_at(order_blocks), b.order_rows = i32_at(order_rows);
-  b.slot_counts = i32_at(slot_counts), b.status = i32_at(status), b.align_scratch = i32_at(scratch);
-  b.inv = i32_at(inv), b.sent_counts = i32_at(sent_counts), b.recv_counts = i32_at(recv_counts), b.overflow = i32_at(overflow);
-  b.send_x = static_cast<__nv_bfloat16*>(at(send_x));
-  b.ret_x = static_cast<__nv_bfloat16*>(at(ret_x));
-  b.send_w = static_cast<float*>(at(send_w));
-  b.recv_x = static_cast<__nv_bfloat16*>(at(recv_x));
-  b.local_ws = at(local_ws), b.local_ws_bytes = size_t(local_bytes);
+  detail::Pieces pieces(b.base);
+  b.lay_out(pieces, sizes);
   b.ws = detail::carve_unchecked(local_plan_, b.local_ws);
   b.recv_w = b.ws.topk_weights.as<float>();
   MK_CUDA_CHECK(cudaMemset(b.base, 0, bytes_));  // no stale bytes: decode sends whole messages

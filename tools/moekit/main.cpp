@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -22,50 +23,54 @@ namespace moekit::cli {
 // because this translation unit is plain C++ (nlohmann/json stays out of nvcc's way).
 void write_json(const std::string& path, const RunInfo& info, const std::vector<Row>& rows) {
   using json = nlohmann::ordered_json;
-  json doc;
-  doc["command"] = info.command;
-  doc["date"] = info.date;
-  doc["gpu"] = info.gpu;
-  doc["sm_count"] = info.sm_count;
-  doc["l2_bytes"] = info.l2_bytes;
-  doc["read_ceiling_TBps"] = info.read_ceiling_TBps;
-  doc["read_ceiling_buffer_bytes"] = info.read_ceiling_bytes;
-  doc["dense_ceiling_TFLOPs"] = info.dense_ceiling_TFLOPs;
-  doc["dense_ceiling_gemm"] = std::to_string(info.dense_ceiling_dim) + "^3 bf16, FP32 accumulate, cublasGemmEx";
-  doc["moekit_version"] = kVersion;
+  json doc = {{"command", info.command},
+              {"date", info.date},
+              {"gpu", info.gpu},
+              {"sm_count", info.sm_count},
+              {"l2_bytes", info.l2_bytes},
+              {"read_ceiling_TBps", info.read_ceiling_TBps},
+              {"read_ceiling_buffer_bytes", info.read_ceiling_bytes},
+              {"dense_ceiling_TFLOPs", info.dense_ceiling_TFLOPs},
+              {"dense_ceiling_gemm",
+               std::to_string(info.dense_ceiling_dim) + "^3 bf16, FP32 accumulate, cublasGemmEx"},
+              {"moekit_version", kVersion}};
   json out = json::array();
   for (const Row& r : rows) {
-    json j;
-    j["preset"] = r.preset;
-    j["tokens"] = r.shape.tokens;
-    j["stage"] = r.stage;
-    j["impl"] = r.impl;
-    j["ms"] = r.ms;
-    j["bytes"] = r.cost.bytes();
-    j["weight_bytes"] = r.cost.weight_bytes;
-    j["act_bytes"] = r.cost.act_bytes;
-    j["flops"] = r.cost.flops;
-    j["TBps"] = r.TBps();
-    j["TFLOPs"] = r.TFLOPs();
-    j["read_ceiling_TBps"] = info.read_ceiling_TBps;
-    j["dense_ceiling_TFLOPs"] = info.dense_ceiling_TFLOPs;
-    j["frac_read"] = r.TBps() / info.read_ceiling_TBps;
-    j["frac_dense"] = r.TFLOPs() / info.dense_ceiling_TFLOPs;
-    j["read_time_ms"] = r.read_time_ms ? json(*r.read_time_ms) : json(nullptr);
     const std::optional<double> x_read = r.x_read_time();
-    j["x_read_time"] = x_read ? json(*x_read) : json(nullptr);
-    j["tokens_per_expert_max_over_mean"] = r.tokens_per_expert_max_over_mean;
-    j["touched_experts"] = r.touched_experts;
-    j["hidden"] = r.shape.hidden;
-    j["inter"] = r.shape.inter;
-    j["experts"] = r.shape.experts;
-    j["topk"] = r.shape.topk;
-    j["skew"] = r.skew;
-    j["weight_copies"] = r.weight_copies;
-    j["gpu"] = info.gpu;
-    j["date"] = info.date;
-    j["config"] = r.config;
-    j["note"] = r.note;
+    // x_roof: the time over the stage's roofline, max(read time of its weight bytes, FLOPs at the
+    // dense ceiling), both measured in this run (docs/design.md, "What the benchmarks report").
+    const double roof_ms = std::max(r.read_time_ms.value_or(0.0), r.cost.flops / (info.dense_ceiling_TFLOPs * 1e9));
+    auto opt = [](std::optional<double> v) { return v ? json(*v) : json(nullptr); };
+    json j = {{"preset", r.preset},
+              {"tokens", r.shape.tokens},
+              {"stage", r.stage},
+              {"impl", r.impl},
+              {"ms", r.ms},
+              {"bytes", r.cost.bytes()},
+              {"weight_bytes", r.cost.weight_bytes},
+              {"act_bytes", r.cost.act_bytes},
+              {"flops", r.cost.flops},
+              {"TBps", r.TBps()},
+              {"TFLOPs", r.TFLOPs()},
+              {"read_ceiling_TBps", info.read_ceiling_TBps},
+              {"dense_ceiling_TFLOPs", info.dense_ceiling_TFLOPs},
+              {"frac_read", r.TBps() / info.read_ceiling_TBps},
+              {"frac_dense", r.TFLOPs() / info.dense_ceiling_TFLOPs},
+              {"read_time_ms", opt(r.read_time_ms)},
+              {"x_read_time", opt(x_read)},
+              {"x_roof", roof_ms > 0 ? json(r.ms / roof_ms) : json(nullptr)},
+              {"tokens_per_expert_max_over_mean", r.tokens_per_expert_max_over_mean},
+              {"touched_experts", r.touched_experts},
+              {"hidden", r.shape.hidden},
+              {"inter", r.shape.inter},
+              {"experts", r.shape.experts},
+              {"topk", r.shape.topk},
+              {"skew", r.skew},
+              {"weight_copies", r.weight_copies},
+              {"gpu", info.gpu},
+              {"date", info.date},
+              {"config", r.config},
+              {"note", r.note}};
     out.push_back(std::move(j));
   }
   doc["rows"] = std::move(out);
