@@ -1,7 +1,6 @@
 // moekit/ep.hpp — expert parallelism (EP): which experts live on which rank, and where every
 // assignment's row travels. Pure host code; no CUDA, no NCCL.
 //
-// Design note (issue 6).
 // R ranks each own a contiguous slice of the tokens (split_tokens) and hold the weights of up to
 // S = slots_per_rank experts. plan_placement decides the experts of every rank once (each expert
 // at least once; replicas of the hottest ones where loads are given); route_assignment sends

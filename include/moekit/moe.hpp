@@ -28,7 +28,7 @@ struct MoeShape {
   int64_t assignments() const { return tokens * topk; }
 };
 
-// Limits the router's kernels are built for (issue 2 asks for at least E 512 and k 16).
+// Limits the router's kernels are built for (E up to 512 experts, top-k up to 16).
 inline constexpr int64_t kMaxExperts = 512;
 inline constexpr int64_t kMaxTopk = 16;
 

@@ -1,6 +1,6 @@
 """moekit.hf — Hugging Face MoE weights in moekit's layout (needs PyTorch, not transformers).
 
-moekit's layout (DESIGN.md): w13 [E, 2F, H] — per expert the gate rows, then the up rows, K = H
+moekit's layout (docs/design.md): w13 [E, 2F, H] — per expert the gate rows, then the up rows, K = H
 contiguous; w2 [E, H, F]; the router w_gate [E, H]. A Hugging Face expert is a SwiGLU MLP
 down(silu(gate(x)) * up(x)) of nn.Linear weights [out, in], so gate/up are [F, H] and down is
 [H, F]: packing stacks them, with no transpose.
@@ -34,7 +34,7 @@ __all__ = ["pack_experts", "pack_hf_moe", "pack_hf_state_dict", "routing_from_hf
 _EXPERT_NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))
 _BLOCK_NAMES = ("block_sparse_moe", "mlp")
 
-# Routing of each architecture's released models (DESIGN.md presets), used when no config is given.
+# Routing of each architecture's released models (docs/design.md presets), used when no config is given.
 ARCH_DEFAULTS = {
     "mixtral": dict(top_k=2, renormalize=True, scoring_func="softmax"),
     "qwen3_moe": dict(top_k=8, renormalize=True, scoring_func="softmax"),

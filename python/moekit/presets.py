@@ -1,4 +1,4 @@
-"""moekit.presets — the model shapes of DESIGN.md and their routing, shared by the benchmark and
+"""moekit.presets — the model shapes of docs/design.md and their routing, shared by the benchmark and
 the tests (plain data: no torch, no GPU)."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """moekit.reference — the layer in plain PyTorch FP32: the oracle of the Python tests and the
 check the benchmark runs before it times anything.
 
-The FFN is DESIGN.md's naive loop, `for e: y[idx_e] += w_e · (silu(x·W_gateᵀ) ⊙ (x·W_upᵀ))·W2ᵀ`,
+The FFN is docs/design.md's naive loop, `for e: y[idx_e] += w_e · (silu(x·W_gateᵀ) ⊙ (x·W_upᵀ))·W2ᵀ`,
 in FP32 with TF32 off; routing follows the same contract as moekit's router (softmax or sigmoid
 in FP32, optional score-correction bias and grouped top-k, renormalize, scaling). Ties between
 equal scores are left to torch.topk here: compare routings as sets of equal scores (see

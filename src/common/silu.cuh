@@ -4,13 +4,13 @@
 // reciprocal, Newton and residual steps (its fast path), then FCHK and a branch to a slow path
 // for operands whose intermediates could leave the normal range. In the wgmma Up epilogue (64
 // SiLUs a thread a tile) each branch is its own basic block, so the 64 chains of ~80 cycles ran
-// one after another: ~5k cycles a tile with the tensor cores idle (SASS read in session 8).
+// one after another: ~5k cycles a tile with the tensor cores idle (read in the SASS).
 // Here the fast path is written out (the same instructions, so the same bits) for a group of
 // values, the range test is done once for the group, and the exact canon::silu redoes the group
 // only when a value is outside |x| in [2^-64, 64]. Zero is outside it (the fast path turns -0
 // into +0): a caller must not feed the accumulators of padding rows, which the zero-filled A rows
-// make exactly zero, or those groups take the slow path (found after session 8's run; the fix,
-// a constant for rows that are never stored, waits on branch fix/silu-padding-rows for a GPU).
+// make exactly zero, or those groups take the slow path. The GEMM epilogues still do for padding
+// rows (docs/perf/NOTES.md, "Known gaps": a constant for rows never stored is the fix).
 //
 // Why the range suffices: d = 1 + expf(-x) lies in [1, 1 + e^64 ~ 6.3e27] (normal), the quotient
 // |x| / d >= min(2^-65, 64 / 6.3e27) is normal, and the residual is an exact fma; so no step

@@ -9,10 +9,10 @@
 // GEMMs. 16 rows: decode, bound by reading weights (padding is nearly free); the three 16-row
 // tiles differ in CTAs per SM (2, 4 and 3: configs/sm90-occupancy.txt, checked on every build),
 // which `moekit tune` weighs per shape; the heuristic keeps the first. 32 rows: experts with 17-32
-// rows read their weights once (Mixtral T=64: 0.724 -> 0.685 ms, NOTES v17; a 32 x 128
+// rows read their weights once (Mixtral T=64: 0.724 -> 0.685 ms; a 32 x 128
 // tile won nowhere and is not compiled). 64/128 rows: prefill, bound by tensor-core math (fewer
-// B-tile re-reads per FLOP). How the decode tiles' waves and tails cost: docs/perf/NOTES.md v11,
-// v12, v19, v20.
+// B-tile re-reads per FLOP). How the decode tiles' waves and tails cost: docs/perf/NOTES.md,
+// "Decode GEMM".
 #define MOEKIT_GEMM_CONFIGS(X) \
   X(16, 64, 128, 1, 4, 4)      \
   X(16, 32, 128, 1, 2, 4)      \

@@ -1,5 +1,5 @@
 """GPU tests: moekit against the PyTorch FP32 reference (the naive per-expert loop) for the
-DESIGN.md presets and adversarial routings, the staged API, determinism, vLLM's argument names
+docs/design.md presets and adversarial routings, the staged API, determinism, vLLM's argument names
 and the low-level DLPack entries. Every output compared is written into a NaN-poisoned buffer
 (out=, a poisoned Workspace), so a row the kernels skip fails the comparison. Skipped without a
 Hopper GPU (see conftest.py)."""

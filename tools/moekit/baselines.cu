@@ -1,5 +1,5 @@
 // baselines.cu — the expert FFN through cuBLAS, timed in the same run as moekit's `experts` row
-// (DESIGN.md "Measuring"). Both baselines compute, for every expert e with m_e > 0 rows,
+// (docs/design.md, "What the benchmarks report"). Both baselines compute, for every expert e with m_e > 0 rows,
 //   gate_up = X_e · W13_eᵀ [m_e, 2F];  act = silu(gate) ⊙ up [m_e, F];  out = act · W2_eᵀ [m_e, H]
 // on x rows gathered per expert into one contiguous buffer *outside* the timed region, with the
 // per-expert row counts read on the host before timing (allowed for a baseline: moekit itself

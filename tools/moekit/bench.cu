@@ -1,7 +1,7 @@
 // bench.cu — `moekit bench`: for each T, run the layer once and check it against the CPU oracle
 // (check.cpp), then time every stage alone, the experts (up+down), the whole layer and the layer
 // replayed from a CUDA graph, with the streaming-read and dense-GEMM ceilings and the cuBLAS
-// baselines measured in the same run (DESIGN.md "Measuring"). Prints a table; --json writes rows.
+// baselines measured in the same run (docs/design.md, "What the benchmarks report"). Prints a table; --json writes rows.
 //
 //   build/moekit bench --preset qwen3-30b-a3b --tokens 1,16,64,512 --json qwen.json
 #include <cuda_runtime_api.h>

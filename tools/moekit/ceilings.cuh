@@ -1,5 +1,5 @@
 // ceilings.cuh — the two ceilings every benchmark row is measured against, in the same run
-// (DESIGN.md "Measuring"): a read-only streaming kernel (TB/s) and a large dense cuBLAS bf16 GEMM
+// (docs/design.md, "What the benchmarks report"): a read-only streaming kernel (TB/s) and a large dense cuBLAS bf16 GEMM
 // (TFLOP/s). The same streaming kernel also reads exactly the bytes of the touched experts: the
 // "read time", the lower bound of a decode step that must read those weights once.
 // Included by bench.cu and tune.cu. Everything here is in an anonymous namespace: each includer

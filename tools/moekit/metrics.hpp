@@ -66,7 +66,7 @@ inline StageCost stage_cost(const std::string& stage, const MoeShape& s, const R
       c.weight_bytes += p.weight_bytes;
       c.act_bytes += p.act_bytes;
     }
-    // The layer's FLOPs are the experts' (DESIGN "Measuring"); the router's 2·T·H·E is < 1%.
+    // The layer's FLOPs are the experts' (docs/design.md, "What the benchmarks report"); the router's 2·T·H·E is < 1%.
     c.flops = 2.0 * double(A) * 3.0 * double(H) * double(F);
   } else {
     throw Error("stage_cost: unknown stage '" + stage + "'");

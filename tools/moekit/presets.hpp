@@ -1,4 +1,4 @@
-// presets.hpp — the model layers `moekit bench` and `moekit check` know by name (DESIGN.md
+// presets.hpp — the model layers `moekit bench` and `moekit check` know by name (docs/design.md
 // "Presets"), and how command-line overrides turn a preset into the layer that is run.
 #pragma once
 

@@ -40,8 +40,8 @@ struct Row {
   bool skew = false;
 
   double TBps() const { return ms > 0 ? double(cost.bytes()) / (ms * 1e-3) / 1e12 : 0; }
-  // The stage's time over a streaming read of the same weight bytes in the same run (issue 3's
-  // "x the read time"); none for stages without weights.
+  // The stage's time over a streaming read of the same weight bytes in the same run ("x the
+  // read time", docs/design.md); none for stages without weights.
   std::optional<double> x_read_time() const {
     if (!read_time_ms || !(*read_time_ms > 0)) return std::nullopt;
     return ms / *read_time_ms;

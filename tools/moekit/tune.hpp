@@ -15,7 +15,7 @@ namespace moekit::cli {
 
 struct TuneArgs {
   LayerArgs layer;
-  std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64};  // issue 3's decode points
+  std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64};  // the decode points
   int steps = 50;
   int warmup = 10;
   std::string out;     // empty: configs/<device slug>.json
