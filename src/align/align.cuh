@@ -24,7 +24,6 @@
 #include "align/layout_fill.cuh"
 #include "common/device.cuh"
 #include "moekit/moe.hpp"
-#include "tuning/planner.hpp"  // kAlignWarpMaxAssignments
 
 namespace moekit::kernels::align {
 
@@ -150,9 +149,6 @@ __device__ __forceinline__ void scan_padded_starts(int32_t total, Blocks blocks,
 // ascending, lanes ascending): bitwise the CTA kernel's output. 16 rounds (512 ids) were tried
 // and lost to the CTA kernel in-graph (Qwen3 T=64 6.3 -> 9.8 us, DeepSeek-V3 7.8 -> 10.5): the
 // rounds are one serial chain of match_any and shared-memory updates.
-constexpr int kWarpRounds = 8;
-constexpr int kWarpMaxAssignments = 32 * kWarpRounds;
-static_assert(kWarpMaxAssignments == tuning::kAlignWarpMaxAssignments, "the planner's bound is the kernel's");
 
 __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
   dev::pdl_enter();

@@ -8,6 +8,11 @@
 
 namespace moekit::kernels::align {
 
+// The one-warp kernel (decode) holds its ids in registers, 8 rounds of 32: the planner gives it
+// at most this many assignments (align.cuh says why 8 rounds).
+constexpr int kWarpRounds = 8;
+constexpr int kWarpMaxAssignments = 32 * kWarpRounds;
+
 struct Params {
   const int32_t* topk_ids;  // [T*k]
   int32_t* sorted_ids;      // [max_rows]

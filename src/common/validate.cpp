@@ -69,9 +69,9 @@ void expect_plan(const ForwardPlan& plan, const char* entry) {
   if (!tuning::align_kernel_fits(plan.align, s.tokens * s.topk))
     fail(entry, "plan", "align kernel '" + tuning::to_string(plan.align) + "' cannot take T*k = " +
                             std::to_string(s.tokens * s.topk) + " assignments: the shape changed after plan_forward; plan again");
-  if (plan.router.select == SelectKernel::cta && s.experts > tuning::kSelectCtaMaxExperts)
-    fail(entry, "plan", "the CTA-per-token selection takes at most " + std::to_string(tuning::kSelectCtaMaxExperts) +
-                            " experts, the shape has " + std::to_string(s.experts) + ": plan again");
+  if (!tuning::select_kernel_fits(plan.router.select, s.experts))
+    fail(entry, "plan", "selection kernel '" + tuning::to_string(plan.router.select) + "' cannot take " +
+                            std::to_string(s.experts) + " experts: the shape changed after plan_forward; plan again");
 }
 
 void expect_hopper(const DeviceInfo& device, const char* entry) {

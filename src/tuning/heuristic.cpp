@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "align/params.hpp"
 #include "common/validate.hpp"
 #include "gemm/sm90/geometry.hpp"
 #include "moekit/moe.hpp"
@@ -50,24 +51,28 @@ RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool log
   else if (experts <= 8) r.gate = GateKernel::looped_64x8;
   else if (pipe_ctas < kGatePipeMinCtas || !pipe_fits) r.gate = GateKernel::looped_64x32;
   else r.gate = GateKernel::pipelined_128x64;
-  const bool cta = logits_in_memory && experts >= kSelectCtaMinExperts && experts <= kSelectCtaMaxExperts &&
+  const bool cta = logits_in_memory && experts >= kSelectCtaMinExperts && experts <= kr::kCtaMaxExperts &&
                    tokens <= kSelectCtaMaxTokens;
   r.select = cta ? SelectKernel::cta : SelectKernel::warp;
   return r;
 }
 
 AlignKernel plan_align(int64_t assignments) {
-  if (assignments <= kAlignWarpMaxAssignments) return AlignKernel::warp;
+  if (assignments <= kernels::align::kWarpMaxAssignments) return AlignKernel::warp;
   return assignments <= kAlignGridMinAssignments ? AlignKernel::cta : AlignKernel::grid;
 }
 
 bool align_kernel_fits(AlignKernel k, int64_t assignments) {
   switch (k) {
-    case AlignKernel::warp: return assignments <= kAlignWarpMaxAssignments;
+    case AlignKernel::warp: return assignments <= kernels::align::kWarpMaxAssignments;
     case AlignKernel::cta: return true;
     case AlignKernel::grid: return true;
   }
   return false;
+}
+
+bool select_kernel_fits(SelectKernel k, int64_t experts) {
+  return k == SelectKernel::warp || experts <= kernels::router::kCtaMaxExperts;
 }
 
 // Decode leaves the down GEMM with few output tiles (Mixtral, T=1: 2 experts x 64 column tiles

@@ -40,12 +40,12 @@ ForwardPlan plan_with(const MoeShape& shape, const GemmConfig& up, const GemmCon
 const DeviceInfo& current_device();
 
 // Whether the align kernel `k` can run `assignments` (the warp kernel holds at most a few rounds
-// of ids in registers; the grid needs the workspace's align_scratch, carved only for it).
+// of ids in registers, align/params.hpp; the grid needs the workspace's align_scratch, carved
+// only for it).
 bool align_kernel_fits(AlignKernel k, int64_t assignments);
-// The most assignments the one-warp align kernel takes (8 rounds of 32).
-inline constexpr int64_t kAlignWarpMaxAssignments = 256;
-// The most experts the CTA-per-token selection takes (a thread each).
-inline constexpr int64_t kSelectCtaMaxExperts = 256;
+// Whether the selection kernel `k` can take `experts` (the CTA kernel has a thread per expert,
+// router/params.hpp).
+bool select_kernel_fits(SelectKernel k, int64_t experts);
 
 std::string to_string(GateKernel k);
 std::string to_string(SelectKernel k);

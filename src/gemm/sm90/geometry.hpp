@@ -25,6 +25,10 @@ inline constexpr int kProducerThreads = 128;  // one warpgroup: A gather (cp.asy
 inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
 inline constexpr int kItemSlots = 2;  // the work-item channel's ring (scheduler.cuh)
 static_assert(kRowBytes == 128, "the 128B swizzle needs rows of exactly 128 bytes");
+// Registers per thread at launch: the one CTA of an SM shares its 65,536-register file (sm_90),
+// allocated in multiples of 8: 65536 / 384 = 170 -> 168. setmaxnreg then moves them between roles.
+inline constexpr int kRegisterFile = 65536;
+inline constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
 
 // The tile configuration of one compiled instance: BN columns of B per tile, STAGES-deep ring.
 template <int BN, int STAGES>
@@ -50,7 +54,7 @@ struct Config {
   // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot.
   static constexpr uint32_t kItemFullArrivals = 1;
   static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
-  // 128·64 + 256·216 = 63488 <= the 384 × 168 registers the CTA is launched with. The producer
+  // 128·64 + 256·216 = 63488 <= the 384 × kLaunchRegs registers the CTA is launched with. The producer
   // needs 64 since it publishes work items (claim, two ids); the consumers fit 216 without a spill.
   static constexpr int kProducerRegs = 64;
   static constexpr int kConsumerRegs = 216;
@@ -61,7 +65,7 @@ struct Config {
   static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,
                 "every stage must start on a 1024-byte swizzle atom");
   static_assert(kBlockM * kBlockK / 8 == kProducerThreads * 8, "A gather: 8 chunks of 16 B per producer thread");
-  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= 168 * kThreads,
+  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= kLaunchRegs * kThreads,
                 "setmaxnreg must stay within the registers the CTA was launched with");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
 };
