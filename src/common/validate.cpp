@@ -1,10 +1,10 @@
 // validate.cpp — the argument checks every public entry runs before it touches the GPU.
 #include "common/validate.hpp"
 
-#include "tuning/planner.hpp"
-
 #include <cstdint>
 #include <limits>
+
+#include "tuning/planner.hpp"
 
 namespace moekit::detail {
 

@@ -62,16 +62,9 @@ void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptio
   const MoeShape& s = plan.shape;
   detail::expect_plan(plan, fn);
   expect_experts(fn, s, in.x, in.w13, in.w2, y);
-  if (in.router_logits.given())
-    detail::expect_tensor(fn, "router_logits", in.router_logits, DType::f32, {s.tokens, s.experts});
-  else if (in.w_gate.given())
-    detail::expect_tensor(fn, "w_gate", in.w_gate, in.w_gate.dtype == DType::f32 ? DType::f32 : DType::bf16,
-                          {s.experts, s.hidden});
-  else
-    detail::fail(fn, "w_gate", "give router_logits [T, E] or w_gate [E, H]");
-  // The rest of the router's inputs (score bias, grouped top-k), as route() checks them.
+  // The router's inputs against the plan's E and H, as route() checks them otherwise.
   detail::expect_router_inputs(fn, "router_logits", in.x, in.w_gate, in.router_logits, in.score_bias, opt, s.tokens,
-                               s.topk);
+                               s.topk, s.experts, s.hidden);
   const Workspace ws = detail::carve_named(plan, workspace, workspace_bytes, fn, "workspace", "workspace_bytes");
   nvtxRangePushA("moekit.moe_forward");
   detail::launch_route(plan.router,

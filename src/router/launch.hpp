@@ -12,10 +12,12 @@
 namespace moekit::detail {
 
 // The router's inputs for T tokens and top-k: logits [T, E] f32, or x [T, H] bf16 with w_gate
-// [E, H] bf16/f32; score_bias [E] f32 (optional); opt's grouped top-k. Returns E. Throws
-// moekit::Error naming the argument (as `entry`'s; the logits are `logits_arg` there).
-int64_t expect_router_inputs(const char* entry, const char* logits_arg, const Tensor& x, const Tensor& w_gate, const Tensor& logits,
-                             const Tensor& score_bias, const RouterOptions& opt, int64_t tokens, int64_t topk);
+// [E, H] bf16/f32; score_bias [E] f32 (optional); opt's grouped top-k. E and H come from the
+// tensors, or are checked against `experts` and `hidden` when those are given (> 0: a plan's).
+// Returns E. Throws moekit::Error naming the argument (as `entry`'s; the logits are `logits_arg`).
+int64_t expect_router_inputs(const char* entry, const char* logits_arg, const Tensor& x, const Tensor& w_gate,
+                             const Tensor& logits, const Tensor& score_bias, const RouterOptions& opt, int64_t tokens,
+                             int64_t topk, int64_t experts = 0, int64_t hidden = 0);
 
 // The selection's parameters from validated inputs (logits null when they are computed).
 kernels::router::Params router_params(const Tensor& x, const Tensor& w_gate, const Tensor& logits,

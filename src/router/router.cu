@@ -103,18 +103,20 @@ void launch_gate(GateKernel k, const kr::GateParams& p, cudaStream_t stream) {
 }
 }  // namespace
 
-int64_t expect_router_inputs(const char* fn, const char* logits_arg, const Tensor& x, const Tensor& w_gate, const Tensor& logits,
-                             const Tensor& score_bias, const RouterOptions& opt, int64_t T, int64_t k) {
+int64_t expect_router_inputs(const char* fn, const char* logits_arg, const Tensor& x, const Tensor& w_gate,
+                             const Tensor& logits, const Tensor& score_bias, const RouterOptions& opt, int64_t T, int64_t k,
+                             int64_t experts, int64_t hidden) {
   int64_t E = 0;
   if (logits.given()) {
     if (logits.rank != 2) fail(fn, logits_arg, "expected shape [T, E], got " + logits.shape_str());
-    E = logits.dim(1);
+    E = experts > 0 ? experts : logits.dim(1);
     expect_tensor(fn, logits_arg, logits, DType::f32, {T, E});
   } else {
-    if (!w_gate.given()) fail(fn, "w_gate", "give either logits [T, E] or w_gate [E, H] with x [T, H]");
+    if (!w_gate.given())
+      fail(fn, "w_gate", std::string("give either ") + logits_arg + " [T, E] or w_gate [E, H] with x [T, H]");
     if (w_gate.rank != 2) fail(fn, "w_gate", "expected shape [E, H], got " + w_gate.shape_str());
-    E = w_gate.dim(0);
-    const int64_t H = w_gate.dim(1);
+    E = experts > 0 ? experts : w_gate.dim(0);
+    const int64_t H = hidden > 0 ? hidden : w_gate.dim(1);
     if (H % 8 != 0) fail(fn, "w_gate", "hidden size must be a multiple of 8, got " + std::to_string(H));
     if (w_gate.dtype != DType::bf16 && w_gate.dtype != DType::f32)
       fail(fn, "w_gate", std::string("expected dtype bf16 or f32, got ") + dtype_name(w_gate.dtype));

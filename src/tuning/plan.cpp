@@ -65,11 +65,9 @@ ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
   detail::expect_hopper(device, "plan_forward");
   // A measured bucket for this device and shape first. Table entries that name configs no longer
   // compiled (or invalid here) are skipped, so a stale table falls back instead of failing.
-  std::optional<ForwardPlan> plan = tuning::plan_from_table(tuning::compiled_tuning_table(), shape, device);
-  if (!plan) return plan_forward_heuristic(shape, device);
-  // The router's kernels for this device's shared memory (the table names GEMM configs only).
-  plan->router = tuning::plan_router(shape.tokens, shape.experts, shape.hidden, true, device.smem_per_block_optin);
-  return *plan;
+  if (std::optional<ForwardPlan> plan = tuning::plan_from_table(tuning::compiled_tuning_table(), shape, device))
+    return *plan;
+  return plan_forward_heuristic(shape, device);
 }
 
 }  // namespace moekit

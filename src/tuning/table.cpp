@@ -10,6 +10,8 @@
 #include <set>
 #include <tuple>
 
+#include "tuning/planner.hpp"
+
 namespace moekit::tuning {
 
 double rows_per_expert(const MoeShape& s) {
@@ -65,7 +67,7 @@ std::optional<ForwardPlan> plan_from_table(std::span<const TuningEntry> table, c
   const TuningEntry* e = find_entry(table, shape, device);
   if (!e) return std::nullopt;
   const TileChoice t = *resolve_entry(*e, device);  // find_entry returns only entries that resolve
-  ForwardPlan plan = plan_forward_with(shape, t.up, t.down, t.down_splits);
+  ForwardPlan plan = plan_with(shape, t.up, t.down, t.down_splits, device.smem_per_block_optin);
   char bound[32];
   std::snprintf(bound, sizeof bound, "%g", e->rows_per_expert_max);
   plan.source = "table:" + std::string(e->source) + "(rows/expert<=" + bound + ")";

@@ -48,7 +48,8 @@ std::optional<TileChoice> resolve_entry(const TuningEntry& e, const DeviceInfo& 
 // above every bound, another shape or device, or only stale entries: the heuristic decides.
 const TuningEntry* find_entry(std::span<const TuningEntry> table, const MoeShape& shape, const DeviceInfo& device);
 
-// The plan of find_entry's entry (plan_forward_with its configs; source
+// The plan of find_entry's entry (its configs, checked as plan_forward_with checks them, and the
+// router's and align's kernels for this device; source
 // "table:<file>(rows/expert<=<bound>)"), or nullopt when there is none. plan_forward calls this
 // with compiled_tuning_table() before its heuristic; tests call it with tables of their own.
 std::optional<ForwardPlan> plan_from_table(std::span<const TuningEntry> table, const MoeShape& shape,

@@ -17,18 +17,18 @@
 
 namespace moekit::kernels::gemm::sm90 {
 
-// Row half h's output columns [n0, n0 + kOutBlocks·8) of one row: pack(g, h, x) fills x[i] with
+// One row's output columns [n0, n0 + kOutBlocks·8): pack(g, x) fills x[i] with
 // the packed bf16 pair of columns 8(4g + i) + 2q, +1 (q = lane % 4); the transpose and the 16-byte
 // stores are here. 64-bit row offset: a·H overflows 32 bits in large prefills.
 template <int kOutBlocks, class Pack>
-__device__ __forceinline__ void store_row_groups(const Params& p, int h, bool row_ok, int32_t out_row, int32_t n0,
-                                                 int lane, Pack&& pack) {
+__device__ __forceinline__ void store_row_groups(const Params& p, bool row_ok, int32_t out_row, int32_t n0, int lane,
+                                                 Pack&& pack) {
   const int q = lane & 3;
   auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
 #pragma unroll
   for (int g = 0; g < kOutBlocks / 4; ++g) {
     uint32_t x[4];
-    pack(g, h, x);
+    pack(g, x);
     quad_transpose(x, q, shfl);
     const int32_t n = n0 + epi_store_col(g, q);
     if (row_ok && n < p.n_dim)
@@ -49,14 +49,14 @@ struct Epilogue<Mode::Up, Cfg> {
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
-    store_row_groups<kOutBlocks>(p, h, id < p.num_assign, out_row, n0, lane, [&](int g, int hh, uint32_t(&x)[4]) {
+    store_row_groups<kOutBlocks>(p, id < p.num_assign, out_row, n0, lane, [&](int g, uint32_t(&x)[4]) {
       float gate[8], silu[8];  // the 8 gate values of this group, their SiLUs as one group
 #pragma unroll
-      for (int i = 0; i < 4; ++i) gate[2 * i] = acc[epi_acc(g, i, hh)], gate[2 * i + 1] = acc[epi_acc(g, i, hh) + 1];
+      for (int i = 0; i < 4; ++i) gate[2 * i] = acc[epi_acc(g, i, h)], gate[2 * i + 1] = acc[epi_acc(g, i, h) + 1];
       dev::silu_group(gate, silu);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int u = epi_acc(g, i, hh) + 4 * kUpBlock0;  // the same column of the up half
+        const int u = epi_acc(g, i, h) + 4 * kUpBlock0;  // the same column of the up half
         x[i] = pack_bf16x2(silu[2 * i] * acc[u], silu[2 * i + 1] * acc[u + 1]);
       }
     });
@@ -79,10 +79,10 @@ struct Epilogue<Mode::Down, Cfg> {
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
     const float weight = weights[h];
-    store_row_groups<kOutBlocks>(p, h, id < p.num_assign, out_row, n0, lane, [&](int g, int hh, uint32_t(&x)[4]) {
+    store_row_groups<kOutBlocks>(p, id < p.num_assign, out_row, n0, lane, [&](int g, uint32_t(&x)[4]) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int v = epi_acc(g, i, hh);  // accumulators of block 4g+i, this row half
+        const int v = epi_acc(g, i, h);  // accumulators of block 4g+i, this row half
         x[i] = pack_bf16x2(acc[v] * weight, acc[v + 1] * weight);
       }
     });
