@@ -52,6 +52,24 @@ struct DeviceInfo {
 };
 DeviceInfo query_device(int device = -1);  // -1: the current device
 
+// The precision of the expert GEMMs (docs/design.md, "FP8"), a property of each GEMM config:
+//   bf16 — bf16 weights and activations, FP32 accumulation;
+//   fp8  — DeepSeek-V3's format: e4m3 weights with one FP32 scale per 128 x 128 block of each
+//          projection (the checkpoint's weight_scale_inv, the dequantizing multiplier), e4m3
+//          activations with one FP32 scale per token row and 128 columns, computed on the device
+//          (x by quantize_tokens, act in the up GEMM's epilogue); products on the FP8 tensor cores,
+//          each 128-deep K block's sum scaled and added in FP32 (promotion).
+enum class Precision : int { bf16, fp8 };
+const char* precision_name(Precision p);
+// The FP8 block: weights are scaled per kFp8Block x kFp8Block block, activations per 1 x kFp8Block
+// group of columns; a dimension that is not a multiple has a partial last block.
+inline constexpr int64_t kFp8Block = 128;
+inline constexpr int64_t fp8_blocks(int64_t n) { return (n + kFp8Block - 1) / kFp8Block; }
+// Shapes of the block scales of FP8 weights (f32): w13 [E, 2F, H] -> [E, 2·ceil(F/128), ceil(H/128)]
+// (gate's blocks, then up's: each projection keeps its own, also when F is not a multiple of 128);
+// w2 [E, H, F] -> [E, ceil(H/128), ceil(F/128)].
+inline constexpr int64_t w13_scale_rows(int64_t inter) { return 2 * fp8_blocks(inter); }
+
 // The two expert-GEMM kernel families: mma.sync with a cp.async pipeline (every tile size; the
 // decode path), and Hopper wgmma fed by TMA in a warp-specialised pipeline (128-row prefill tiles).
 enum class GemmKernel : int { mma_sync, wgmma };
@@ -62,6 +80,7 @@ struct GemmConfig {
   int block_m = 0, block_n = 0, block_k = 0;
   int warps_m = 0, warps_n = 0, stages = 0;
   GemmKernel kernel = GemmKernel::mma_sync;
+  Precision precision = Precision::bf16;  // fp8: block_k counts e4m3 elements (one 128-deep scale block)
   int threads() const { return 32 * warps_m * warps_n; }
   std::string str() const;
   bool operator==(const GemmConfig&) const = default;
@@ -104,6 +123,7 @@ struct ForwardPlan {
   std::string source = "given";
 
   int block_m() const { return up.block_m; }  // rows per block of the aligned layout
+  Precision precision() const { return up.precision; }  // both configs have one
   int64_t max_rows() const { return worst_case_rows(shape, block_m()); }
   int64_t max_blocks() const { return max_rows() / block_m(); }
   std::string str() const;
@@ -112,10 +132,13 @@ struct ForwardPlan {
 // Validates the shape (clear errors) and picks the configs for it on this device: from the
 // measured table of this device (configs/*.json, compiled in; DeviceInfo::name matched exactly)
 // when one has a bucket for the shape, else from plan_forward_heuristic.
-ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device);
+// FP8 plans need H and F multiples of 16 (16-byte rows of e4m3).
+ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device, Precision precision = Precision::bf16);
 // The rule that serves shapes with no table: tile rows from rows per expert, split-K by occupancy.
-ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& device);
-// As plan_forward, but with the tile configs given (tuning, tests); they must be compiled ones.
+ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& device,
+                                   Precision precision = Precision::bf16);
+// As plan_forward, but with the tile configs given (tuning, tests); they must be compiled ones,
+// of one precision.
 ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down,
                               int down_splits = 1);
 inline constexpr int kMaxDownSplits = 8;
@@ -126,7 +149,7 @@ inline constexpr int64_t kAlignGridMinAssignments = 4096;
 // The align grid's CTA cap, a row each in ws.align_scratch: at least the SM count of every Hopper
 // part (H100 SXM and H200: 132, H100 PCIe: 114); a larger device would use 160 of its SMs.
 inline constexpr int kAlignMaxCtas = 160;
-// The tile configs the library compiles; plan_forward picks among these.
+// The tile configs the library compiles (both precisions); plan_forward picks among these.
 const std::vector<GemmConfig>& compiled_gemm_configs();
 
 // Workspace: one caller-owned device buffer, carved into the intermediate tensors.
@@ -140,7 +163,10 @@ struct Workspace {
   Tensor block_expert;     // [max_blocks] i32: expert of each block_m-row block; -1 past the end
   Tensor num_rows_padded;  // [1] i32: rows actually used (a multiple of block_m)
   Tensor expert_counts;    // [E] i32: assignments per expert
-  Tensor act;              // [max_rows, F] bf16: silu(gate)*up in sorted order
+  Tensor act;              // [max_rows, F] bf16 (fp8 plans: e4m3): silu(gate)*up in sorted order
+  Tensor act_scale;        // [max_rows, ceil(F/128)] f32: act's scales (fp8 plans; else empty)
+  Tensor x_q;              // [T, H] e4m3: x quantized per token and 128 columns (fp8; else empty)
+  Tensor x_scale;          // [T, ceil(H/128)] f32: x_q's scales (fp8; else empty)
   Tensor y_rows;           // [T*k, H] bf16: weighted expert output per assignment (S = 1)
   Tensor y_partials;       // [S, T*k, H] f32: its split-K partial sums (S > 1; else empty)
   Tensor status;           // [1] i32: error bits set by kernels (see check_status)
@@ -175,6 +201,19 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
            const RouterOptions& opt, const Tensor& topk_ids, const Tensor& topk_weights,
            cudaStream_t stream, const Tensor& logits_scratch = Tensor());
 
+// ---- Stage 1b (fp8 plans): quantize the tokens ---------------------------------------------
+// x [T, H] bf16 -> ws.x_q [T, H] e4m3 and ws.x_scale [T, ceil(H/128)] f32, each token row once:
+// per 128-column group g, amax = max |x| (NaN if any element is NaN), a = max(amax, 2^-100),
+// scale = a / 448 and q = e4m3_rn_satfinite(x · (448 / a)), all in FP32 (docs/design.md, "FP8":
+// zero, tiny, huge and non-finite groups). The up GEMM of an fp8 plan reads x_q and x_scale.
+void quantize_tokens(const ForwardPlan& plan, const Tensor& x, const Workspace& ws, cudaStream_t stream);
+
+// The quantizer of bf16 checkpoints to DeepSeek-V3's format, on the device (outside the hot path):
+// w [P, R, C] bf16 (P matrices; pass w13 [E, 2F, H] as [2E, F, H], w2 [E, H, F] as is) -> q [P, R, C]
+// e4m3 and scale [P, ceil(R/128), ceil(C/128)] f32, per 128 x 128 block as quantize_tokens does per
+// group (amax over the block). Bitwise ref::quantize_weight_blocks.
+void quantize_weights(const Tensor& w, const Tensor& q, const Tensor& scale, cudaStream_t stream);
+
 // ---- Stage 2: align -------------------------------------------------------------------------
 // topk_ids [T,k] i32 -> ws.sorted_ids, block_expert, num_rows_padded, expert_counts. One launch of
 // plan.align's kernel (the grid needs ws.align_scratch, carved whenever the plan names it).
@@ -186,12 +225,16 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
 // align's order within each expert: its assignments first, its padding (T*k) after — the prefill
 // (wgmma) kernel skips a 64-row half of a block whose first row is padding.
 // act[r] = silu(x[t]·W_gateᵀ) ⊙ (x[t]·W_upᵀ) for every sorted row r of assignment a, t = a/k.
+// fp8 plans: x is ws.x_q (e4m3, its scales in ws.x_scale: quantize_tokens), w13 is e4m3 with its
+// block scales w13_scale [E, 2·ceil(F/128), ceil(H/128)] f32; act is stored as e4m3 with its
+// scales in ws.act_scale (each row's 128-column group quantized as quantize_tokens does).
 void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Workspace& ws,
-               cudaStream_t stream);
+               cudaStream_t stream, const Tensor& w13_scale = Tensor());
 // y_rows[a] = topk_weights[a] · act[r]·W2ᵀ for every sorted row r of assignment a
 // (plan.down_splits > 1: y_partials[s][a] = topk_weights[a] · the s-th K-slice of that product).
+// fp8 plans: w2 is e4m3 with its block scales w2_scale [E, ceil(H/128), ceil(F/128)] f32.
 void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_weights,
-                 const Workspace& ws, cudaStream_t stream);
+                 const Workspace& ws, cudaStream_t stream, const Tensor& w2_scale = Tensor());
 
 // ---- Stage 5: combine -----------------------------------------------------------------------
 // y[t] = Σ_j y_rows[t*k+j] in slot order j = 0..k-1 (FP32 sum, bf16 out). No atomics.
@@ -205,13 +248,23 @@ struct MoeInputs {
   Tensor w_gate;      // [E, H] bf16/f32 (or give router_logits)
   Tensor router_logits;  // [T, E] f32
   Tensor score_bias;  // [E] f32, optional
-  Tensor w13;         // [E, 2F, H] bf16: gate rows then up rows
-  Tensor w2;          // [E, H, F] bf16
+  Tensor w13;         // [E, 2F, H] bf16 (fp8 plans: e4m3): gate rows then up rows
+  Tensor w2;          // [E, H, F] bf16 (fp8 plans: e4m3)
+  Tensor w13_scale;   // fp8 plans: [E, 2·ceil(F/128), ceil(H/128)] f32 block scales; else absent
+  Tensor w2_scale;    // fp8 plans: [E, ceil(H/128), ceil(F/128)] f32 block scales; else absent
 };
 void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptions& opt,
                  const Tensor& y, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 // Stages 2-5 with routing given by the caller (topk_ids [T,k] i32, topk_weights [T,k] f32).
 void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Tensor& w2,
+                     const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y,
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// The expert weights of any precision: bf16 w13/w2 without scales, or e4m3 with their block scales.
+struct ExpertWeights {
+  Tensor w13, w2;
+  Tensor w13_scale, w2_scale;  // fp8 plans only
+};
+void experts_forward(const ForwardPlan& plan, const Tensor& x, const ExpertWeights& weights,
                      const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y,
                      void* workspace, size_t workspace_bytes, cudaStream_t stream);
 

@@ -76,6 +76,48 @@ std::vector<double> moe_tokens(const MoeShape& shape, const bf16* x, const bf16*
                                const bf16* w2, const int32_t* topk_ids, const float* topk_weights,
                                const std::vector<int64_t>& tokens);
 
+// ---- FP8 (docs/design.md, "FP8") -------------------------------------------------------------
+// The quantization of FP8 plans, bit for bit as the kernels do it (FP32, no FMA contraction), and
+// the expert FFN on the quantized values in double.
+using fp8 = uint8_t;  // raw e4m3 bits (OCP E4M3FN)
+inline constexpr float kFp8Max = 448.0f;       // the largest finite e4m3
+inline constexpr float kFp8AmaxFloor = 0x1p-100f;  // amax below this quantizes as if it were this
+// Exact value of an e4m3 (0x7F / 0xFF: NaN).
+float e4m3_to_float(fp8 q);
+// Round to nearest even; finite values beyond ±448 and ±Inf saturate to ±448 (PTX cvt
+// .satfinite); NaN -> 0x7F.
+fp8 to_e4m3(float f);
+// One group of n values (n <= 128) quantized as quantize_tokens and the up GEMM's epilogue do:
+// amax = max |v| (NaN if any v is NaN), a = max(amax, kFp8AmaxFloor), q[i] = to_e4m3(v[i] · (448 / a));
+// returns the scale a / 448 (the dequantizing multiplier).
+float quantize_group(const float* v, int64_t n, fp8* q);
+// x [T, H] bf16 -> q [T, H] e4m3 and scale [T, ceil(H/128)] f32: bitwise moekit::quantize_tokens.
+void quantize_tokens(const bf16* x, int64_t tokens, int64_t hidden, fp8* q, float* scale);
+// The quantizer of weights (bf16 checkpoints -> DeepSeek-V3's format): each of `projections`
+// matrices [rows, cols] of w (float values) -> q, and scale [projections, ceil(rows/128),
+// ceil(cols/128)], per 128 x 128 block as quantize_group does per group (amax over the block).
+// w13 [E, 2F, H] is 2E projections of [F, H]; w2 [E, H, F] is E of [H, F].
+void quantize_weight_blocks(const float* w, int64_t projections, int64_t rows, int64_t cols, fp8* q, float* scale);
+
+// FP8 expert weights as the FP8 entries take them (shapes: moekit/moe.hpp, MoeInputs).
+struct Fp8Experts {
+  const fp8* w13 = nullptr;
+  const float* w13_scale = nullptr;
+  const fp8* w2 = nullptr;
+  const float* w2_scale = nullptr;
+};
+// The fidelity oracle of the FP8 path for the listed tokens, in double on the same quantized
+// values: x from (x_q, x_scale), the weights dequantized (q · block scale), act = silu(g) ⊙ u of
+// each assignment in double, rounded to float and quantized per 128-column group by
+// quantize_group (the up epilogue's quantization reproduced), dequantized, the down projection
+// in double times the routing weight, summed over the k slots. Returns [tokens.size(), H].
+std::vector<double> moe_tokens_fp8(const MoeShape& shape, const fp8* x_q, const float* x_scale, const Fp8Experts& w,
+                                   const int32_t* topk_ids, const float* topk_weights,
+                                   const std::vector<int64_t>& tokens);
+
+// DeepGEMM's calc_diff of two tensors: 1 − 2·Σxy / (Σx² + Σy²) (0 when equal).
+double calc_diff(const std::vector<double>& x, const std::vector<double>& y);
+
 // ‖a − b‖ / ‖b‖ over n values (b is the reference).
 double rel_norm_error(const std::vector<double>& a, const std::vector<double>& b);
 

@@ -40,7 +40,8 @@ std::string device_slug(std::string_view device_name);
 // configs with one block_m whose pipelines fit the device's shared memory; for an mma.sync down
 // config every down_splits in {1, 2, 4, ..., kMaxDownSplits} that leaves each K-slice at least
 // one K-tile, for wgmma only 1. Ordered by block_m, then up, then down, then splits.
-std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo& device);
+std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo& device,
+                                        Precision precision = Precision::bf16);
 
 // The bucket rule: given the rows per expert of the measured points of one shape (ascending,
 // distinct), each point's bucket ends halfway to the next point (a shape between two measured

@@ -8,11 +8,20 @@ const char* dtype_name(DType d) {
     case DType::bf16: return "bf16";
     case DType::f32: return "f32";
     case DType::i32: return "i32";
+    case DType::e4m3: return "e4m3";
   }
   return "?";
 }
 
-int64_t dtype_bytes(DType d) { return d == DType::bf16 ? 2 : 4; }
+int64_t dtype_bytes(DType d) {
+  switch (d) {
+    case DType::bf16: return 2;
+    case DType::e4m3: return 1;
+    case DType::f32:
+    case DType::i32: return 4;
+  }
+  return 0;
+}
 
 Tensor::Tensor(const void* ptr, DType dt, std::initializer_list<int64_t> dims)
     : data(const_cast<void*>(ptr)), dtype(dt), rank(int(dims.size())) {

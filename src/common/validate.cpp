@@ -58,8 +58,19 @@ void expect_shape(const MoeShape& s, const char* entry) {
     fail(entry, "shape.tokens", "T*k = " + std::to_string(s.tokens * s.topk) + " is too large for 32-bit assignment ids");
 }
 
+void expect_shape_precision(const MoeShape& s, Precision precision, const char* entry) {
+  if (precision != Precision::fp8) return;
+  if (s.hidden % 16 != 0)
+    fail(entry, "shape.hidden", "must be a multiple of 16 for fp8 (16-byte rows of e4m3), got " + std::to_string(s.hidden));
+  if (s.inter % 16 != 0)
+    fail(entry, "shape.inter", "must be a multiple of 16 for fp8 (16-byte rows of e4m3), got " + std::to_string(s.inter));
+}
+
 void expect_plan(const ForwardPlan& plan, const char* entry) {
   expect_shape(plan.shape, entry);
+  if (plan.up.precision != plan.down.precision)
+    fail(entry, "plan", "its up and down configs disagree on precision: make plans with plan_forward");
+  expect_shape_precision(plan.shape, plan.precision(), entry);
   const MoeShape& s = plan.shape;
   if (plan.down_splits < 1 || plan.down_splits > kMaxDownSplits)
     fail(entry, "plan", "down_splits " + std::to_string(plan.down_splits) + " is outside [1, " + std::to_string(kMaxDownSplits) + "]");
@@ -86,7 +97,13 @@ void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* 
   expect_tensor(entry, "ws.block_expert", ws.block_expert, DType::i32, {plan.max_blocks()});
   expect_tensor(entry, "ws.num_rows_padded", ws.num_rows_padded, DType::i32, {1});
   expect_tensor(entry, "ws.expert_counts", ws.expert_counts, DType::i32, {s.experts});
-  expect_tensor(entry, "ws.act", ws.act, DType::bf16, {plan.max_rows(), s.inter});
+  const bool fp8 = plan.precision() == Precision::fp8;
+  expect_tensor(entry, "ws.act", ws.act, fp8 ? DType::e4m3 : DType::bf16, {plan.max_rows(), s.inter});
+  if (fp8) {
+    expect_tensor(entry, "ws.act_scale", ws.act_scale, DType::f32, {plan.max_rows(), fp8_blocks(s.inter)});
+    expect_tensor(entry, "ws.x_q", ws.x_q, DType::e4m3, {s.tokens, s.hidden});
+    expect_tensor(entry, "ws.x_scale", ws.x_scale, DType::f32, {s.tokens, fp8_blocks(s.hidden)});
+  }
   expect_tensor(entry, "ws.y_rows", ws.y_rows, DType::bf16, {s.tokens * s.topk, s.hidden});
   if (plan.down_splits > 1)
     expect_tensor(entry, "ws.y_partials", ws.y_partials, DType::f32, {plan.down_splits, s.tokens * s.topk, s.hidden});

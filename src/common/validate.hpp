@@ -21,6 +21,9 @@ void expect_tensor(const char* entry, const char* arg, const Tensor& t, DType dt
 bool expect_optional(const char* entry, const char* arg, const Tensor& t, DType dtype,
                      std::initializer_list<int64_t> shape);
 void expect_shape(const MoeShape& s, const char* entry);
+// What a precision adds to the shape: fp8 rows of e4m3 are 16-byte vectors, so H and F are
+// multiples of 16.
+void expect_shape_precision(const MoeShape& s, Precision precision, const char* entry);
 void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* entry);
 // The plan's choices can run its shape: its configs agree on block_m, split-K is in range, and its
 // router's and align's kernels can take the shape (a plan made for another shape and edited after

@@ -28,3 +28,14 @@
 #define MOEKIT_WGMMA_CONFIGS(X) \
   X(256, 4)                     \
   X(128, 6)
+
+// FP8 (e4m3, block scales): block_k is 128 e4m3 elements, one scale block deep, so every K-tile
+// is promoted once. The up GEMM's tile must hold whole 128-column groups of act (its epilogue
+// quantizes them): block_n 256 (128 gate + 128 up rows). Down tiles of any compiled block_n.
+// mma.sync (decode): X(block_m, block_n, block_k, warps_m, warps_n, stages), as above.
+#define MOEKIT_GEMM_FP8_CONFIGS(X) \
+  X(16, 64, 128, 1, 4, 4)          \
+  X(16, 256, 128, 1, 4, 4)
+// wgmma (prefill): X(block_n, stages), block_m 128, block_k 128.
+#define MOEKIT_WGMMA_FP8_CONFIGS(X) \
+  X(256, 4)

@@ -76,7 +76,7 @@ void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* to
 }  // namespace detail
 
 void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Workspace& ws,
-               cudaStream_t stream) {
+               cudaStream_t stream, const Tensor& w13_scale) {
   const char* fn = "expert_up";
   const MoeShape& s = plan.shape;
   detail::expect_plan(plan, fn);
@@ -87,7 +87,7 @@ void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, cons
 }
 
 void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_weights, const Workspace& ws,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const Tensor& w2_scale) {
   const char* fn = "expert_down";
   const MoeShape& s = plan.shape;
   detail::expect_plan(plan, fn);

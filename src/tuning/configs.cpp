@@ -16,8 +16,10 @@ MOEKIT_GEMM_CONFIGS(MK_CHECK_BLOCK_M)
 #undef MK_CHECK_BLOCK_M
 static_assert(kernels::gemm::sm90::kBlockM <= tuning::kLargestBlockM, "kLargestBlockM bounds every config");
 
+const char* precision_name(Precision p) { return p == Precision::fp8 ? "fp8" : "bf16"; }
+
 std::string GemmConfig::str() const {
-  return std::string(kernel == GemmKernel::wgmma ? "wgmma-" : "") + "m" + std::to_string(block_m) + "n" +
+  return std::string(precision == Precision::fp8 ? "fp8-" : "") + (kernel == GemmKernel::wgmma ? "wgmma-" : "") + "m" + std::to_string(block_m) + "n" +
          std::to_string(block_n) + "k" + std::to_string(block_k) + "w" + std::to_string(warps_m) + "x" +
          std::to_string(warps_n) + "s" + std::to_string(stages);
 }
@@ -28,8 +30,14 @@ const std::vector<GemmConfig>& compiled_gemm_configs() {
   // wgmma: warps_m counts every warp of the CTA (2 consumer warpgroups + 1 producer), warps_n 1.
 #define MK_WGMMA_ENTRY(bn, st) \
   GemmConfig{sm90::kBlockM, bn, sm90::kBlockK, sm90::kThreads / 32, 1, st, GemmKernel::wgmma},
-  static const std::vector<GemmConfig> configs = {MOEKIT_GEMM_CONFIGS(MK_CONFIG_ENTRY)
-                                                      MOEKIT_WGMMA_CONFIGS(MK_WGMMA_ENTRY)};
+#define MK_FP8_ENTRY(bm, bn, bk, wm, wn, st) GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync, Precision::fp8},
+#define MK_WGMMA_FP8_ENTRY(bn, st) \
+  GemmConfig{sm90::kBlockM, bn, sm90::kFp8BlockK, sm90::kThreads / 32, 1, st, GemmKernel::wgmma, Precision::fp8},
+  static const std::vector<GemmConfig> configs = {
+      MOEKIT_GEMM_CONFIGS(MK_CONFIG_ENTRY) MOEKIT_WGMMA_CONFIGS(MK_WGMMA_ENTRY)
+      MOEKIT_GEMM_FP8_CONFIGS(MK_FP8_ENTRY) MOEKIT_WGMMA_FP8_CONFIGS(MK_WGMMA_FP8_ENTRY)};
+#undef MK_WGMMA_FP8_ENTRY
+#undef MK_FP8_ENTRY
 #undef MK_WGMMA_ENTRY
 #undef MK_CONFIG_ENTRY
   return configs;

@@ -119,21 +119,26 @@ namespace moekit {
 // tiles won at 8 rows per expert (Mixtral T=32, Qwen3 T=128, DeepSeek-V3 T=256), the wgmma tiles at
 // 16 (Mixtral T=64, Qwen3 T=256, DeepSeek-V3 T=512), by 4-85%; the 64-row mma.sync tiles won
 // nowhere. 12 is the middle of that bracket.
-ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& device) {
+ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& device, Precision precision) {
   detail::expect_shape(shape, "plan_forward");
+  detail::expect_shape_precision(shape, precision, "plan_forward");
   detail::expect_hopper(device, "plan_forward");
   const int64_t rows = shape.tokens * shape.topk;  // rows per expert = rows / E, compared exactly
   const bool decode = rows <= tuning::kDecodeRowsPerExpert * shape.experts;
   const GemmKernel kernel = decode ? GemmKernel::mma_sync : GemmKernel::wgmma;
   const int block_m = decode ? 16 : kernels::gemm::sm90::kBlockM;
-  const GemmConfig* pick = nullptr;
-  for (const GemmConfig& c : compiled_gemm_configs())
-    if (c.block_m == block_m && c.kernel == kernel && tuning::gemm_smem_bytes(c) <= device.smem_per_block_optin) {
-      pick = &c;
-      break;
-    }
-  if (!pick) detail::fail("plan_forward", "device", "no compiled GEMM config fits its shared memory");
-  ForwardPlan plan = tuning::plan_with(shape, *pick, *pick, tuning::plan_down_splits(shape, *pick, device),
+  // The first compiled config of the precision, kernel and block_m that fits (fp8 up: block_n 256).
+  auto first = [&](bool up) -> const GemmConfig& {
+    for (const GemmConfig& c : compiled_gemm_configs())
+      if (c.block_m == block_m && c.kernel == kernel && c.precision == precision &&
+          (!up || precision != Precision::fp8 || c.block_n == 2 * kFp8Block) &&
+          tuning::gemm_smem_bytes(c) <= device.smem_per_block_optin)
+        return c;
+    detail::fail("plan_forward", "device", "no compiled GEMM config fits its shared memory");
+  };
+  const GemmConfig& up = first(true);
+  const GemmConfig& down = first(false);
+  ForwardPlan plan = tuning::plan_with(shape, up, down, tuning::plan_down_splits(shape, down, device),
                                        device.smem_per_block_optin);
   plan.source = "heuristic";
   return plan;

@@ -40,6 +40,12 @@ ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const
     detail::fail("plan_forward", "down", "config " + down.str() + " is not compiled (see src/gemm/configs.hpp)");
   if (up.block_m != down.block_m)
     detail::fail("plan_forward", "down", "block_m must equal the up config's: both GEMMs read one aligned layout");
+  if (up.precision != down.precision)
+    detail::fail("plan_forward", "down", "precision must equal the up config's (" + std::string(precision_name(up.precision)) + ")");
+  if (up.precision == Precision::fp8 && up.block_n != 2 * kFp8Block)
+    detail::fail("plan_forward", "up", "an fp8 up config needs block_n " + std::to_string(2 * kFp8Block) +
+                                           " (its epilogue quantizes whole 128-column groups of act), got " + up.str());
+  detail::expect_shape_precision(shape, up.precision, "plan_forward");
   if (down_splits < 1 || down_splits > kMaxDownSplits)
     detail::fail("plan_forward", "down_splits",
                  "must be in [1, " + std::to_string(kMaxDownSplits) + "], got " + std::to_string(down_splits));
@@ -60,9 +66,12 @@ ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const
   return tuning::plan_with(shape, up, down, down_splits, tuning::kSm90SmemPerBlockOptin);
 }
 
-ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device) {
+ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device, Precision precision) {
   detail::expect_shape(shape, "plan_forward");
+  detail::expect_shape_precision(shape, precision, "plan_forward");
   detail::expect_hopper(device, "plan_forward");
+  // The measured tables hold bf16 configs; FP8 plans come from the heuristic until they have one.
+  if (precision == Precision::fp8) return plan_forward_heuristic(shape, device, precision);
   // A measured bucket for this device and shape first. Table entries that name configs no longer
   // compiled (or invalid here) are skipped, so a stale table falls back instead of failing.
   if (std::optional<ForwardPlan> plan = tuning::plan_from_table(tuning::compiled_tuning_table(), shape, device))

@@ -19,7 +19,7 @@ double rows_per_expert(const MoeShape& s) {
 }
 
 int64_t gemm_smem_bytes(const GemmConfig& c) {
-  return int64_t(c.stages) * (c.block_m + c.block_n) * c.block_k * 2;
+  return int64_t(c.stages) * (c.block_m + c.block_n) * c.block_k * (c.precision == Precision::fp8 ? 1 : 2);
 }
 
 const GemmConfig* compiled_config_named(std::string_view name) {
@@ -34,7 +34,8 @@ static bool fits(const GemmConfig& c, const DeviceInfo& device) {
 
 // The rules plan_forward_with enforces (plus shared memory), as a predicate instead of a throw.
 static bool valid_choice(const TileChoice& t, const DeviceInfo& device) {
-  return t.up.block_m == t.down.block_m && t.down_splits >= 1 && t.down_splits <= kMaxDownSplits &&
+  return t.up.block_m == t.down.block_m && t.up.precision == t.down.precision &&
+         (t.up.precision != Precision::fp8 || t.up.block_n == 2 * kFp8Block) && t.down_splits >= 1 && t.down_splits <= kMaxDownSplits &&
          (t.down_splits == 1 || t.down.kernel == GemmKernel::mma_sync) && fits(t.up, device) && fits(t.down, device);
 }
 
@@ -90,7 +91,7 @@ std::string device_slug(std::string_view name) {
   return s;
 }
 
-std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo& device) {
+std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo& device, Precision precision) {
   const std::vector<GemmConfig>& compiled = compiled_gemm_configs();
   std::set<int> block_ms;
   for (const GemmConfig& c : compiled) block_ms.insert(c.block_m);
@@ -99,6 +100,8 @@ std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo&
     for (const GemmConfig& up : compiled)
       for (const GemmConfig& down : compiled) {
         if (up.block_m != bm || down.block_m != bm || !fits(up, device) || !fits(down, device)) continue;
+        if (up.precision != precision || down.precision != precision) continue;
+        if (precision == Precision::fp8 && up.block_n != 2 * kFp8Block) continue;  // plan_with's rule
         // Split-K is the mma.sync kernel's; an empty K-slice would only add a zero partial.
         const int64_t k_tiles = (shape.inter + down.block_k - 1) / down.block_k;
         for (int splits = 1; splits <= kMaxDownSplits; splits *= 2) {

@@ -31,7 +31,11 @@ Workspace lay_out_workspace(const ForwardPlan& p, Pieces& pieces) {
   ws.num_rows_padded = pieces.add(DType::i32, {1});
   ws.expert_counts = pieces.add(DType::i32, {s.experts});
   ws.status = pieces.add(DType::i32, {1});
-  ws.act = pieces.add(DType::bf16, {p.max_rows(), s.inter});
+  const bool fp8 = p.precision() == Precision::fp8;
+  ws.act = pieces.add(fp8 ? DType::e4m3 : DType::bf16, {p.max_rows(), s.inter});
+  ws.act_scale = pieces.add(DType::f32, {p.max_rows(), fp8_blocks(s.inter)}, fp8);
+  ws.x_q = pieces.add(DType::e4m3, {s.tokens, s.hidden}, fp8);
+  ws.x_scale = pieces.add(DType::f32, {s.tokens, fp8_blocks(s.hidden)}, fp8);
   ws.y_rows = pieces.add(DType::bf16, {tk, s.hidden});
   ws.y_partials = pieces.add(DType::f32, {int64_t(p.down_splits), tk, s.hidden}, p.down_splits > 1);
   ws.align_scratch = pieces.add(DType::i32, {int64_t(kAlignMaxCtas), s.experts + 1}, p.align == AlignKernel::grid);

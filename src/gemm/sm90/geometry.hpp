@@ -16,6 +16,7 @@ namespace moekit::kernels::gemm::sm90 {
 inline constexpr int kBlockM = 128;      // rows per tile: the aligned layout's block_m
 inline constexpr int kBlockK = 64;       // bf16 per smem row = one 128-byte swizzle row
 inline constexpr int kRowBytes = kBlockK * 2;
+inline constexpr int kFp8BlockK = kRowBytes;  // e4m3 per smem row: one 128-deep scale block
 inline constexpr int kSwizzleAtomBytes = 8 * kRowBytes;  // 8 rows: the 128B pattern's period
 inline constexpr int kWgmmaM = 64;       // rows per wgmma (one consumer warpgroup)
 inline constexpr int kWgmmaK = 16;       // bf16 reduction depth per wgmma
