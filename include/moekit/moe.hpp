@@ -149,8 +149,8 @@ inline constexpr int64_t kAlignGridMinAssignments = 4096;
 // The align grid's CTA cap, a row each in ws.align_scratch: at least the SM count of every Hopper
 // part (H100 SXM and H200: 132, H100 PCIe: 114); a larger device would use 160 of its SMs.
 inline constexpr int kAlignMaxCtas = 160;
-// The tile configs the library compiles (both precisions); plan_forward picks among these.
-const std::vector<GemmConfig>& compiled_gemm_configs();
+// The tile configs the library compiles for a precision; plan_forward picks among these.
+const std::vector<GemmConfig>& compiled_gemm_configs(Precision precision = Precision::bf16);
 
 // Workspace: one caller-owned device buffer, carved into the intermediate tensors.
 struct Workspace {

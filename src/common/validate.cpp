@@ -91,6 +91,19 @@ void expect_hopper(const DeviceInfo& device, const char* entry) {
                               std::to_string(device.cc_major) + "." + std::to_string(device.cc_minor));
 }
 
+void expect_expert_weights(const char* entry, const ForwardPlan& plan, const char* w_arg, const Tensor& w,
+                           const char* scale_arg, const Tensor& scale, int64_t rows, int64_t cols, int64_t scale_rows) {
+  const MoeShape& s = plan.shape;
+  if (plan.precision() != Precision::fp8) {
+    expect_tensor(entry, w_arg, w, DType::bf16, {s.experts, rows, cols});
+    if (scale.given()) fail(entry, scale_arg, "a bf16 plan takes no weight scales (plan_forward(..., Precision::fp8) for fp8)");
+    return;
+  }
+  expect_tensor(entry, w_arg, w, DType::e4m3, {s.experts, rows, cols});
+  if (!scale.given()) fail(entry, scale_arg, "an fp8 plan needs the weights' block scales");
+  expect_tensor(entry, scale_arg, scale, DType::f32, {s.experts, scale_rows, fp8_blocks(cols)});
+}
+
 void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* entry) {
   const MoeShape& s = plan.shape;
   expect_tensor(entry, "ws.sorted_ids", ws.sorted_ids, DType::i32, {plan.max_rows()});

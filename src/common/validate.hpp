@@ -25,6 +25,11 @@ void expect_shape(const MoeShape& s, const char* entry);
 // multiples of 16.
 void expect_shape_precision(const MoeShape& s, Precision precision, const char* entry);
 void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* entry);
+// An expert weight [E, rows, cols] of the plan's precision: bf16 without a scale, or e4m3 with its
+// block scales [E, scale rows, ceil(cols/128)] f32 (w13: 2·ceil(F/128) scale rows for 2F rows —
+// gate and up blocked apart; w2: ceil(H/128)).
+void expect_expert_weights(const char* entry, const ForwardPlan& plan, const char* w_arg, const Tensor& w,
+                           const char* scale_arg, const Tensor& scale, int64_t rows, int64_t cols, int64_t scale_rows);
 // The plan's choices can run its shape: its configs agree on block_m, split-K is in range, and its
 // router's and align's kernels can take the shape (a plan made for another shape and edited after
 // plan_forward is refused: "plan again").

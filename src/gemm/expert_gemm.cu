@@ -27,6 +27,12 @@ Params routing_params(const ForwardPlan& plan, const Workspace& ws) {
   return p;
 }
 
+// FP8 rows as the loaders address them: 2-byte units (gemm/params.hpp).
+void in_units(Params& p) {
+  p.k_dim /= 2;
+  p.b_expert_stride /= 2;
+}
+
 void launch(Mode mode, const ForwardPlan& plan, const GemmConfig& c, const Params& p, cudaStream_t stream) {
   if (c.kernel == GemmKernel::wgmma)
     launch_sm90_expert_gemm(mode, p, plan, stream, c.block_n);
@@ -37,7 +43,7 @@ void launch(Mode mode, const ForwardPlan& plan, const GemmConfig& c, const Param
 }  // namespace
 
 void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, const Workspace& ws,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, const float* w13_scale) {
   const MoeShape& s = plan.shape;
   if (s.tokens == 0) return;
   Params p = routing_params(plan, ws);
@@ -47,13 +53,21 @@ void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, c
   p.k_dim = s.hidden;
   p.n_dim = s.inter;
   p.b_expert_stride = 2 * s.inter * s.hidden;
+  if (plan.precision() == Precision::fp8) {
+    in_units(p);
+    p.a_scale = ws.x_scale.as<const float>();
+    p.b_scale = w13_scale;
+    p.out_scale = ws.act_scale.as<float>();
+    p.b_up_block0 = fp8_blocks(s.inter);
+    p.b_scale_expert_stride = w13_scale_rows(s.inter) * fp8_blocks(s.hidden);
+  }
   nvtxRangePushA("moekit.expert_up");
   launch(Mode::Up, plan, plan.up, p, stream);
   nvtxRangePop();
 }
 
 void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, const float* w2_scale) {
   const MoeShape& s = plan.shape;
   if (s.tokens == 0) return;
   Params p = routing_params(plan, ws);
@@ -68,6 +82,12 @@ void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* to
   p.k_dim = s.inter;
   p.n_dim = s.hidden;
   p.b_expert_stride = s.hidden * s.inter;
+  if (plan.precision() == Precision::fp8) {
+    in_units(p);
+    p.a_scale = ws.act_scale.as<const float>();
+    p.b_scale = w2_scale;
+    p.b_scale_expert_stride = fp8_blocks(s.hidden) * fp8_blocks(s.inter);
+  }
   nvtxRangePushA("moekit.expert_down");
   launch(Mode::Down, plan, plan.down, p, stream);
   nvtxRangePop();
@@ -80,10 +100,14 @@ void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, cons
   const char* fn = "expert_up";
   const MoeShape& s = plan.shape;
   detail::expect_plan(plan, fn);
-  detail::expect_tensor(fn, "x", x, DType::bf16, {s.tokens, s.hidden});
-  detail::expect_tensor(fn, "w13", w13, DType::bf16, {s.experts, 2 * s.inter, s.hidden});
+  const bool fp8 = plan.precision() == Precision::fp8;
+  detail::expect_tensor(fn, "x", x, fp8 ? DType::e4m3 : DType::bf16, {s.tokens, s.hidden});
+  detail::expect_expert_weights(fn, plan, "w13", w13, "w13_scale", w13_scale, 2 * s.inter, s.hidden,
+                                 w13_scale_rows(s.inter));
   detail::expect_workspace(plan, ws, fn);
-  detail::launch_expert_up(plan, x.data, w13.data, ws, stream);
+  if (fp8 && x.data != ws.x_q.data)
+    detail::fail(fn, "x", "an fp8 plan's up GEMM reads ws.x_q (with ws.x_scale, from quantize_tokens): pass ws.x_q");
+  detail::launch_expert_up(plan, x.data, w13.data, ws, stream, w13_scale.as<const float>());
 }
 
 void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_weights, const Workspace& ws,
@@ -91,10 +115,10 @@ void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_w
   const char* fn = "expert_down";
   const MoeShape& s = plan.shape;
   detail::expect_plan(plan, fn);
-  detail::expect_tensor(fn, "w2", w2, DType::bf16, {s.experts, s.hidden, s.inter});
+  detail::expect_expert_weights(fn, plan, "w2", w2, "w2_scale", w2_scale, s.hidden, s.inter, fp8_blocks(s.hidden));
   detail::expect_tensor(fn, "topk_weights", topk_weights, DType::f32, {s.tokens, s.topk});
   detail::expect_workspace(plan, ws, fn);
-  detail::launch_expert_down(plan, w2.data, topk_weights.as<const float>(), ws, stream);
+  detail::launch_expert_down(plan, w2.data, topk_weights.as<const float>(), ws, stream, w2_scale.as<const float>());
 }
 
 }  // namespace moekit

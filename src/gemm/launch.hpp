@@ -14,11 +14,13 @@
 namespace moekit::detail {
 
 // act = SwiGLU(x·W13ᵀ) for every sorted row of ws (x [T, H], w13 [E, 2F, H]), with plan.up.
+// fp8 plans: x is ws.x_q (its scales ws.x_scale), w13 e4m3 with w13_scale; act and act_scale out.
 void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, const Workspace& ws,
-                      cudaStream_t stream);
+                      cudaStream_t stream, const float* w13_scale = nullptr);
 // y_rows (or y_partials) = topk_weights · act·W2ᵀ for every sorted row of ws, with plan.down.
+// fp8 plans: act e4m3 with ws.act_scale, w2 e4m3 with w2_scale.
 void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,
-                        cudaStream_t stream);
+                        cudaStream_t stream, const float* w2_scale = nullptr);
 
 // The two families, for `p` filled from a plan (p.n_tiles and p.k_tiles_per_split are set here).
 // mma.sync (src/gemm/mma_sync): any compiled mma_sync config, split-K allowed.

@@ -13,6 +13,10 @@ namespace moekit::kernels::gemm {
 
 enum class Mode { Up, Down };
 
+// FP8 plans: a and b hold e4m3 rows, which the loaders move as 16-byte chunks without reading
+// them, so they are addressed in 2-byte units: k_dim and b_expert_stride count units (K/2, the
+// expert's bytes / 2); one K-tile of 64 units is one 128-deep scale block. out of Up holds e4m3
+// act (bytes); n_dim counts elements in both precisions.
 struct Params {
   const __nv_bfloat16* a;        // Up: x [T, H]; Down: act [max_rows, F]
   const __nv_bfloat16* b;        // Up: w13 [E, 2F, H]; Down: w2 [E, H, F]
@@ -33,6 +37,12 @@ struct Params {
   int k_splits;
   int64_t k_tiles_per_split;
   float* partials;               // [k_splits, T*k, n_dim] or null
+  // Block scales (fp8; null for bf16), kb = ceil(K/128) per row:
+  const float* a_scale;          // Up: x_scale [T, kb]; Down: act_scale [max_rows, kb]
+  const float* b_scale;          // [E, scale rows, kb]: Up 2·ceil(F/128) (gate's, then up's), Down ceil(H/128)
+  float* out_scale;              // Up: act_scale [max_rows, ceil(F/128)]
+  int64_t b_scale_expert_stride; // floats per expert in b_scale
+  int64_t b_up_block0;           // Up: the scale row of up's first block, ceil(F/128)
 };
 
 // Output columns of a tile of `block_n` B rows: Up pairs block_n/2 gate rows with the same

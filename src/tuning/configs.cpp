@@ -24,7 +24,7 @@ std::string GemmConfig::str() const {
          std::to_string(warps_n) + "s" + std::to_string(stages);
 }
 
-const std::vector<GemmConfig>& compiled_gemm_configs() {
+const std::vector<GemmConfig>& compiled_gemm_configs(Precision precision) {
   namespace sm90 = kernels::gemm::sm90;
 #define MK_CONFIG_ENTRY(bm, bn, bk, wm, wn, st) GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync},
   // wgmma: warps_m counts every warp of the CTA (2 consumer warpgroups + 1 producer), warps_n 1.
@@ -33,14 +33,14 @@ const std::vector<GemmConfig>& compiled_gemm_configs() {
 #define MK_FP8_ENTRY(bm, bn, bk, wm, wn, st) GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync, Precision::fp8},
 #define MK_WGMMA_FP8_ENTRY(bn, st) \
   GemmConfig{sm90::kBlockM, bn, sm90::kFp8BlockK, sm90::kThreads / 32, 1, st, GemmKernel::wgmma, Precision::fp8},
-  static const std::vector<GemmConfig> configs = {
-      MOEKIT_GEMM_CONFIGS(MK_CONFIG_ENTRY) MOEKIT_WGMMA_CONFIGS(MK_WGMMA_ENTRY)
-      MOEKIT_GEMM_FP8_CONFIGS(MK_FP8_ENTRY) MOEKIT_WGMMA_FP8_CONFIGS(MK_WGMMA_FP8_ENTRY)};
+  static const std::vector<GemmConfig> bf16 = {MOEKIT_GEMM_CONFIGS(MK_CONFIG_ENTRY) MOEKIT_WGMMA_CONFIGS(MK_WGMMA_ENTRY)};
+  static const std::vector<GemmConfig> fp8 = {MOEKIT_GEMM_FP8_CONFIGS(MK_FP8_ENTRY)
+                                                  MOEKIT_WGMMA_FP8_CONFIGS(MK_WGMMA_FP8_ENTRY)};
 #undef MK_WGMMA_FP8_ENTRY
 #undef MK_FP8_ENTRY
 #undef MK_WGMMA_ENTRY
 #undef MK_CONFIG_ENTRY
-  return configs;
+  return precision == Precision::fp8 ? fp8 : bf16;
 }
 
 }  // namespace moekit

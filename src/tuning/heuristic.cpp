@@ -129,8 +129,8 @@ ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& devi
   const int block_m = decode ? 16 : kernels::gemm::sm90::kBlockM;
   // The first compiled config of the precision, kernel and block_m that fits (fp8 up: block_n 256).
   auto first = [&](bool up) -> const GemmConfig& {
-    for (const GemmConfig& c : compiled_gemm_configs())
-      if (c.block_m == block_m && c.kernel == kernel && c.precision == precision &&
+    for (const GemmConfig& c : compiled_gemm_configs(precision))
+      if (c.block_m == block_m && c.kernel == kernel &&
           (!up || precision != Precision::fp8 || c.block_n == 2 * kFp8Block) &&
           tuning::gemm_smem_bytes(c) <= device.smem_per_block_optin)
         return c;

@@ -33,7 +33,7 @@ std::string ForwardPlan::str() const {
 ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,
                               int64_t smem_per_block_optin) {
   detail::expect_shape(shape, "plan_forward");
-  const auto& compiled = compiled_gemm_configs();
+  const auto& compiled = compiled_gemm_configs(up.precision);
   if (std::find(compiled.begin(), compiled.end(), up) == compiled.end())
     detail::fail("plan_forward", "up", "config " + up.str() + " is not compiled (see src/gemm/configs.hpp)");
   if (std::find(compiled.begin(), compiled.end(), down) == compiled.end())

@@ -23,8 +23,9 @@ int64_t gemm_smem_bytes(const GemmConfig& c) {
 }
 
 const GemmConfig* compiled_config_named(std::string_view name) {
-  for (const GemmConfig& c : compiled_gemm_configs())
-    if (c.str() == name) return &c;
+  for (Precision pr : {Precision::bf16, Precision::fp8})
+    for (const GemmConfig& c : compiled_gemm_configs(pr))
+      if (c.str() == name) return &c;
   return nullptr;
 }
 
@@ -92,7 +93,7 @@ std::string device_slug(std::string_view name) {
 }
 
 std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo& device, Precision precision) {
-  const std::vector<GemmConfig>& compiled = compiled_gemm_configs();
+  const std::vector<GemmConfig>& compiled = compiled_gemm_configs(precision);
   std::set<int> block_ms;
   for (const GemmConfig& c : compiled) block_ms.insert(c.block_m);
   std::vector<TileChoice> out;
@@ -100,7 +101,6 @@ std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo&
     for (const GemmConfig& up : compiled)
       for (const GemmConfig& down : compiled) {
         if (up.block_m != bm || down.block_m != bm || !fits(up, device) || !fits(down, device)) continue;
-        if (up.precision != precision || down.precision != precision) continue;
         if (precision == Precision::fp8 && up.block_n != 2 * kFp8Block) continue;  // plan_with's rule
         // Split-K is the mma.sync kernel's; an empty K-slice would only add a zero partial.
         const int64_t k_tiles = (shape.inter + down.block_k - 1) / down.block_k;

@@ -102,12 +102,17 @@ TEST(Plan, PlanForwardWithTakesCompiledConfigsOnly) {
   // Every compiled config, as both GEMMs' (an fp8 down-only config with the fp8 up config of its
   // block_m: the up epilogue quantizes whole 128-column groups, so an fp8 up tile has block_n 256).
   auto fp8_up_of = [](const GemmConfig& c) {
-    for (const GemmConfig& u : compiled_gemm_configs())
-      if (u.precision == Precision::fp8 && u.kernel == c.kernel && u.block_m == c.block_m && u.block_n == 256) return u;
+    for (const GemmConfig& u : compiled_gemm_configs(Precision::fp8))
+      if (u.kernel == c.kernel && u.block_m == c.block_m && u.block_n == 256) return u;
     ADD_FAILURE() << "no fp8 up config for " << c.str();
     return c;
   };
-  for (const GemmConfig& c : compiled_gemm_configs()) {
+  std::vector<GemmConfig> every = compiled_gemm_configs();
+  for (const GemmConfig& c : compiled_gemm_configs(Precision::fp8)) {
+    EXPECT_EQ(c.precision, Precision::fp8);
+    every.push_back(c);
+  }
+  for (const GemmConfig& c : every) {
     const bool down_only = c.precision == Precision::fp8 && c.block_n != 256;
     const GemmConfig up = down_only ? fp8_up_of(c) : c;
     const ForwardPlan plan = plan_forward_with(s, up, c);
@@ -125,8 +130,8 @@ TEST(Plan, PlanForwardWithTakesCompiledConfigsOnly) {
   EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, c64, odd); }, "down"));
   EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, GemmConfig{}, GemmConfig{}); }, "up"));
   EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, c16, c64); }, "down"));  // block_m differs
-  for (const GemmConfig& c : compiled_gemm_configs())  // precisions differ
-    if (c.precision == Precision::fp8 && c.block_m == 16) EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, c16, c); }, "down"));
+  for (const GemmConfig& c : compiled_gemm_configs(Precision::fp8))  // precisions differ
+    if (c.block_m == 16) EXPECT_TRUE(throws_naming([&] { plan_forward_with(s, c16, c); }, "down"));
   MoeShape bad = s;
   bad.hidden = 100;
   EXPECT_TRUE(throws_naming([&] { plan_forward_with(bad, c16, c16); }, "shape.hidden"));

@@ -340,7 +340,6 @@ TEST(TuneRules, CandidatesAreEveryValidPairAndCoverTheHeuristic) {
     for (const GemmConfig& up : compiled_gemm_configs())
       for (const GemmConfig& down : compiled_gemm_configs()) {
         if (up.block_m != down.block_m) continue;
-        if (up.precision != Precision::bf16 || down.precision != Precision::bf16) continue;  // bf16 candidates
         if (down.kernel != GemmKernel::mma_sync) { ++expected; continue; }
         for (int s = 1; s <= kMaxDownSplits; s *= 2) expected += s <= (shape.inter + down.block_k - 1) / down.block_k;
       }

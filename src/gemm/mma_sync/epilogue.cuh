@@ -40,7 +40,7 @@ struct Epilogue<Mode::Up, Cfg> : EpilogueRows<Mode::Up, Cfg> {
   using Base::ids, Base::MI, Base::NI, Base::BM;
   // The warp's n8 fragments f < NI/2 are gate columns; fragment f + NI/2 holds the same columns of up.
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[MI][NI][4], const Item& it,
-                                        const WarpTile<Mode::Up, Cfg>& w) const {
+                                        const WarpTile<Mode::Up, Cfg>& w, unsigned char*) const {
     const int64_t row0 = it.block * BM;
     const int64_t n0 = it.n_tile * cols_per_tile(Mode::Up, Cfg::kBlockN);
 #pragma unroll
@@ -71,7 +71,7 @@ struct Epilogue<Mode::Down, Cfg> : EpilogueRows<Mode::Down, Cfg> {
   using Base = EpilogueRows<Mode::Down, Cfg>;
   using Base::ids, Base::MI, Base::NI;
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[MI][NI][4], const Item& it,
-                                        const WarpTile<Mode::Down, Cfg>& w) const {
+                                        const WarpTile<Mode::Down, Cfg>& w, unsigned char*) const {
     const int64_t n0 = it.n_tile * cols_per_tile(Mode::Down, Cfg::kBlockN);
 #pragma unroll
     for (int i = 0; i < MI; ++i)

@@ -2,6 +2,8 @@
 // its parts: DealtSchedule (scheduler.cuh: which items this CTA takes), Loader (loader.cuh: the
 // cp.async stream of A and B), Mainloop (mainloop.cuh: ldmatrix + mma per K-tile) and Epilogue
 // (epilogue.cuh: SwiGLU, or the routing weight and the store). The contract is gemm/common.cuh's.
+// A precision is a set of parts: Bf16Parts here, Fp8Parts (fp8.cuh: the block scales' loads, the
+// per-K-tile promotion, act quantized in the up epilogue).
 //
 // One loop walks the CTA's K-tile stream through a STAGES-deep ring: step s waits for K-tile s,
 // refills the slot that step s - 1 freed with K-tile s + STAGES - 1, and multiplies K-tile s; when
@@ -24,10 +26,18 @@
 
 namespace moekit::kernels::gemm::mma_sync {
 
-template <Mode M, int BM, int BN, int BK, int WM, int WN, int STAGES>
-__global__ void __launch_bounds__(Tile<BM, BN, BK, WM, WN, STAGES>::kThreads, 1)
+template <Mode M, class Cfg>
+struct Bf16Parts {
+  using Loader = mma_sync::Loader<M, Cfg>;
+  using Mainloop = mma_sync::Mainloop<M, Cfg>;
+  using Epilogue = mma_sync::Epilogue<M, Cfg>;
+  static constexpr size_t kSmemBytes = Cfg::kSmemBytes;
+};
+
+template <Mode M, class Cfg, class Parts>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
 expert_gemm_kernel(const Params p) {
-  using Cfg = Tile<BM, BN, BK, WM, WN, STAGES>;
+  constexpr int BK = Cfg::kBlockK, STAGES = Cfg::kStages;
   dev::pdl_enter();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
@@ -36,11 +46,11 @@ expert_gemm_kernel(const Params p) {
   const int64_t k_tiles_total = (p.k_dim + BK - 1) / BK;
   const int tid = int(threadIdx.x);
 
-  Loader<M, Cfg> loader(p, sched, k_tiles_total, tid);
+  typename Parts::Loader loader(p, sched, k_tiles_total, tid);
   const WarpTile<M, Cfg> warp(tid);
-  Mainloop<M, Cfg> mma;
+  typename Parts::Mainloop mma;
   mma.zero();
-  Epilogue<M, Cfg> epi;
+  typename Parts::Epilogue epi;
 
   // The consumer's item: c_left of its K-tiles still to multiply.
   int64_t c_item = sched.first() - sched.stride, c_left = 0;
@@ -51,7 +61,7 @@ expert_gemm_kernel(const Params p) {
     if (step >= 0) {
       while (c_left == 0) {  // the item is summed (or has no K-tiles): store it, take the next
         if (have_item) {
-          epi.store(p, mma.acc, c_it, warp);
+          epi.store(p, mma.acc, c_it, warp, smem_raw);
           mma.zero();
         }
         have_item = true;

@@ -10,6 +10,7 @@
 #include "common/validate.hpp"
 #include "gemm/configs.hpp"
 #include "gemm/launch.hpp"
+#include "gemm/mma_sync/fp8.cuh"
 #include "gemm/mma_sync/kernel.cuh"
 
 namespace moekit::detail {
@@ -19,18 +20,22 @@ namespace {
 using kernels::gemm::Mode;
 using kernels::gemm::Params;
 
-template <Mode M, int BM, int BN, int BK, int WM, int WN, int ST>
+namespace ms = kernels::gemm::mma_sync;
+
+// Cfg: the smem tile in 2-byte units (an fp8 config's block_k of 128 e4m3 is 64 units).
+template <Mode M, class Cfg, class Parts>
 void launch_instance(Params p, int64_t max_blocks, cudaStream_t stream) {
-  using Cfg = kernels::gemm::mma_sync::Tile<BM, BN, BK, WM, WN, ST>;
-  auto kernel = kernels::gemm::mma_sync::expert_gemm_kernel<M, BM, BN, BK, WM, WN, ST>;
+  constexpr int BN = Cfg::kBlockN, BK = Cfg::kBlockK;
+  constexpr size_t kSmem = Parts::kSmemBytes;
+  auto kernel = ms::expert_gemm_kernel<M, Cfg, Parts>;
   // Once per instance and device: raise the shared-memory limit and size the persistent grid
   // from the device (SM count x resident CTAs). Not per call: keeps the hot path free of queries.
   static PerDevice<int64_t> resident;
   const int64_t resident_ctas = resident.get([&](int device) {
-    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
+    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     int sms = 0, per_sm = 0;
     MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, Cfg::kSmemBytes));
+    MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, kSmem));
     return int64_t(sms) * std::max(per_sm, 1);
   });
   const int64_t cols = kernels::gemm::cols_per_tile(M, BN);
@@ -38,18 +43,29 @@ void launch_instance(Params p, int64_t max_blocks, cudaStream_t stream) {
   const int64_t k_tiles = (p.k_dim + BK - 1) / BK;
   p.k_tiles_per_split = (k_tiles + p.k_splits - 1) / p.k_splits;
   const int64_t grid = std::max<int64_t>(1, std::min(resident_ctas, max_blocks * p.n_tiles * p.k_splits));
-  launch_pdl("expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p);
+  launch_pdl("expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(Cfg::kThreads), kSmem, stream, p);
 }
 
 template <Mode M>
 void dispatch(const GemmConfig& c, const Params& p, int64_t max_blocks, cudaStream_t stream) {
-#define MK_DISPATCH(bm, bn, bk, wm, wn, st)                                   \
-  if (c == GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync}) {        \
-    launch_instance<M, bm, bn, bk, wm, wn, st>(p, max_blocks, stream);        \
-    return;                                                                   \
+#define MK_DISPATCH(bm, bn, bk, wm, wn, st)                                                  \
+  if (c == GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync}) {                       \
+    using Cfg = ms::Tile<bm, bn, bk, wm, wn, st>;                                            \
+    launch_instance<M, Cfg, ms::Bf16Parts<M, Cfg>>(p, max_blocks, stream);                   \
+    return;                                                                                  \
   }
   MOEKIT_GEMM_CONFIGS(MK_DISPATCH)
 #undef MK_DISPATCH
+#define MK_DISPATCH_FP8(bm, bn, bk, wm, wn, st)                                              \
+  if (c == GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync, Precision::fp8}) {       \
+    if constexpr (ms::Fp8Parts<M, ms::Tile<bm, bn, bk / 2, wm, wn, st>>::kCompiled) {        \
+      using Cfg = ms::Tile<bm, bn, bk / 2, wm, wn, st>;                                      \
+      launch_instance<M, Cfg, ms::Fp8Parts<M, Cfg>>(p, max_blocks, stream);                  \
+      return;                                                                                \
+    }                                                                                        \
+  }
+  MOEKIT_GEMM_FP8_CONFIGS(MK_DISPATCH_FP8)
+#undef MK_DISPATCH_FP8
   fail("expert_gemm", "plan", "config " + c.str() + " is not compiled");
 }
 

@@ -20,10 +20,23 @@
 
 namespace moekit::kernels::gemm::mma_sync {
 
-template <Mode M, class Cfg>
+// What a loader adds to each K-tile beyond A and B: nothing (bf16), or the FP8 block scales
+// (fp8.cuh). fetch: the routing of the item after the bound one; bind: point at an item;
+// load: issue K-tile kt's loads into ring slot `slot`.
+struct NoScales {
+  __device__ __forceinline__ void fetch(const Params&, int64_t, int) {}
+  __device__ __forceinline__ void bind(const Params&, int64_t, int64_t, int, int64_t, int) {}
+  __device__ __forceinline__ void load(const Params&, unsigned char*, int, int64_t, int) {}
+};
+
+template <Mode M, class Cfg, class Scales = NoScales>
 struct Loader {
   static constexpr int CH = Cfg::kChunks, kAI = Cfg::kAIters, kBI = Cfg::kBIters, BN = Cfg::kBlockN;
   static constexpr int BM = Cfg::kBlockM, BK = Cfg::kBlockK;
+  // A wide tile (the fp8 up tile: 256 B rows, 16 chunks a thread) would hold 16 pointers; it keeps
+  // one base per half and steps kRowStep rows per chunk at the load instead (no spill).
+  static constexpr bool kCompactB = kBI > 8;
+  static constexpr int kRowStep = Cfg::kThreads / CH;  // rows between a thread's chunks
 
   const Params& p;
   const DealtSchedule<Cfg>& sched;
@@ -34,12 +47,14 @@ struct Loader {
   int64_t ld_item, ld_kt = 0, ld_end = 0;
   const __nv_bfloat16* a_src[kAI];  // this thread's A and B chunk sources for the current item
   bool a_ok[kAI];
-  const __nv_bfloat16* b_src[kBI];
-  bool b_ok[kBI];
+  const __nv_bfloat16* b_src[kCompactB ? 2 : kBI];  // compact: the first chunk's row of each half
+  bool b_ok[kCompactB ? 1 : kBI];
+  uint32_t b_ok_bits = 0;  // compact: bit i = chunk i's row is inside the weights
   // Routing of the item after ld_item (loaded one item ahead; unused past the last item).
   Item nx_it{};
   int nx_expert = 0;
   int32_t nx_ids[kAI];
+  Scales scales;
 
   __device__ __forceinline__ Loader(const Params& p_, const DealtSchedule<Cfg>& s, int64_t k_tiles, int t)
       : p(p_), sched(s), k_tiles_total(k_tiles), tid(t), ld_item(s.first() - s.stride) {
@@ -52,6 +67,7 @@ struct Loader {
     nx_expert = p.block_expert[nx_it.block];
 #pragma unroll
     for (int i = 0; i < kAI; ++i) nx_ids[i] = p.sorted_ids[nx_it.block * BM + (tid + i * Cfg::kThreads) / CH];
+    scales.fetch(p, nx_it.block, tid);
   }
 
   // Point this thread's chunk sources at item `it` (routing given), and set its K range.
@@ -69,7 +85,22 @@ struct Loader {
       a_src[i] = p.a + src_row * p.k_dim + c * 8;
     }
     const int64_t n0 = it.n_tile * cols_per_tile(M, BN);
+    scales.bind(p, it.block, n0, expert, k_tiles_total, tid);
     const __nv_bfloat16* b_expert = p.b + int64_t(expert) * p.b_expert_stride;
+    if constexpr (kCompactB) {
+      static_assert(M == Mode::Down || (BN / 2) % kRowStep == 0, "each half starts on a chunk row");
+      const int r = tid / CH, c = tid % CH;
+      b_ok_bits = 0;
+#pragma unroll
+      for (int i = 0; i < kBI; ++i) {
+        const int ri = r + i * kRowStep;
+        const int64_t col = n0 + (M == Mode::Up && ri >= BN / 2 ? ri - BN / 2 : ri);
+        b_ok_bits |= uint32_t(col < p.n_dim) << i;
+      }
+      b_src[0] = b_expert + (n0 + r) * p.k_dim + c * 8;
+      b_src[1] = M == Mode::Up ? b_src[0] + p.n_dim * p.k_dim : b_src[0] + int64_t(BN / 2) * p.k_dim;
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kBI; ++i) {
       const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
@@ -115,9 +146,17 @@ struct Loader {
 #pragma unroll
     for (int i = 0; i < kBI; ++i) {
       const int idx = tid + i * Cfg::kThreads, r = idx / CH, c = idx % CH;
-      const bool ok = b_ok[i] && k0 + c * 8 < p.k_dim;
-      dev::cp_async16(smem_addr(sb + swz<BK>(r, c)), ok ? b_src[i] + k0 : p.b, ok ? 16u : 0u);
+      if constexpr (kCompactB) {
+        constexpr int kHalf = kBI / 2;  // chunks per half: the half's rows step kRowStep from b_src[h]
+        const bool ok = ((b_ok_bits >> i) & 1u) && k0 + c * 8 < p.k_dim;
+        const __nv_bfloat16* src = b_src[i / kHalf] + int64_t((i % kHalf) * kRowStep) * p.k_dim + k0;
+        dev::cp_async16(smem_addr(sb + swz<BK>(r, c)), ok ? src : p.b, ok ? 16u : 0u);
+      } else {
+        const bool ok = b_ok[i] && k0 + c * 8 < p.k_dim;
+        dev::cp_async16(smem_addr(sb + swz<BK>(r, c)), ok ? b_src[i] + k0 : p.b, ok ? 16u : 0u);
+      }
     }
+    scales.load(p, reinterpret_cast<unsigned char*>(smem), slot, ld_kt, tid);
     ++ld_kt;
   }
 };

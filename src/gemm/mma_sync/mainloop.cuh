@@ -32,7 +32,22 @@ struct WarpTile {
   }
 };
 
-template <Mode M, class Cfg>
+// The tensor-core instruction of a K-step: bf16 m16n8k16, or e4m3 m16n8k32 (the same fragment
+// bytes: common/async_copy.cuh), FP32 accumulators.
+struct MmaBf16 {
+  __device__ __forceinline__ static void apply(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    dev::mma_bf16(c, a, b0, b1);
+  }
+};
+struct MmaE4m3 {
+  __device__ __forceinline__ static void apply(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    dev::mma_e4m3(c, a, b0, b1);
+  }
+};
+
+// Cfg's BK counts 2-byte units of the smem rows (an e4m3 K-tile of 128 is 64 units): the
+// ldmatrix addressing is the same for both instructions.
+template <Mode M, class Cfg, class Mma = MmaBf16>
 struct Mainloop {
   static constexpr int MI = Cfg::MI, NI = Cfg::NI, BM = Cfg::kBlockM, BK = Cfg::kBlockK;
   float acc[MI][NI][4];
@@ -69,7 +84,7 @@ struct Mainloop {
 #pragma unroll
       for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int f = 0; f < NI; ++f) dev::mma_bf16(acc[i][f], af[i], bf[f][0], bf[f][1]);
+        for (int f = 0; f < NI; ++f) Mma::apply(acc[i][f], af[i], bf[f][0], bf[f][1]);
     }
   }
 };

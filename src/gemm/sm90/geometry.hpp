@@ -32,16 +32,22 @@ inline constexpr int kRegisterFile = 65536;
 inline constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
 
 // The tile configuration of one compiled instance: BN columns of B per tile, STAGES-deep ring.
-template <int BN, int STAGES>
+// FP8: the same bytes per stage (a 128-byte row is 128 e4m3, one scale block deep), plus each
+// stage's scales: the A scale of every tile row, then the B scales of the tile's two 128-row halves.
+template <int BN, int STAGES, bool FP8 = false>
 struct Config {
   static constexpr int kBlockN = BN;
   static constexpr int kStages = STAGES;
+  static constexpr bool kFp8 = FP8;
+  static constexpr uint32_t kScaleFloats = FP8 ? kBlockM + 4 : 0;  // a[128], b[2], padding to 16 B
+  static constexpr uint32_t kScaleB = kBlockM;                     // index of b[0]
   static constexpr int kAccs = BN / 2;  // m64nBN f32 accumulators per consumer thread
   static constexpr uint32_t kABytes = kBlockM * kRowBytes;  // one stage of A: [128][64] bf16
   static constexpr uint32_t kBBytes = BN * kRowBytes;       // one stage of B: [BN][64] bf16
   static constexpr uint32_t kAOffset = 0;
   static constexpr uint32_t kBOffset = kAOffset + STAGES * kABytes;
-  static constexpr uint32_t kBarOffset = kBOffset + STAGES * kBBytes;  // full[STAGES], empty[STAGES]
+  static constexpr uint32_t kScaleOffset = kBOffset + STAGES * kBBytes;
+  static constexpr uint32_t kBarOffset = kScaleOffset + STAGES * kScaleFloats * 4;  // full[STAGES], empty[STAGES]
   // The work-item channel (scheduler.cuh): item_full[2], item_empty[2], then
   // the two slots of {item, live warpgroups} (int32 each).
   static constexpr uint32_t kItemBarOffset = kBarOffset + 2 * STAGES * 8;
@@ -57,10 +63,13 @@ struct Config {
   static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
   // 128·64 + 256·216 = 63488 <= the 384 × kLaunchRegs registers the CTA is launched with. The producer
   // needs 64 since it publishes work items (claim, two ids); the consumers fit 216 without a spill.
-  static constexpr int kProducerRegs = 64;
+  // FP8's producer also holds the block scales' sources: 72 (64 spilled; 128·72 + 256·216 = 64512,
+  // the whole launch).
+  static constexpr int kProducerRegs = FP8 ? 72 : 64;
   static constexpr int kConsumerRegs = 216;
 
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
+  static_assert(!FP8 || BN == 256, "the fp8 mainloop multiplies two n128 halves");
   static_assert(BN % 64 == 0, "Up stores BN/2 columns in groups of 32 (the quad transpose)");
   static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
   static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,

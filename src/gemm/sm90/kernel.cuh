@@ -6,15 +6,19 @@
 // one column tile; a persistent grid walks the items, their number read from the device.
 //
 // One CTA = 3 warpgroups, warp-specialised: warpgroup 2 produces, warpgroups 0-1 consume.
+// FP8 (Cfg::kFp8) swaps in the parts of fp8.cuh: the promoting mainloop and the quantizing up
+// epilogue; the producer loads the block scales beside A and B.
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/device.cuh"  // pdl_enter
 #include "gemm/common.cuh"
 #include "gemm/sm90/epilogue.cuh"
+#include "gemm/sm90/fp8.cuh"
 #include "gemm/sm90/layout.hpp"
 #include "gemm/sm90/mainloop.cuh"
 #include "gemm/sm90/pipeline.cuh"
@@ -23,6 +27,10 @@
 #include "gemm/sm90/scheduler.cuh"
 
 namespace moekit::kernels::gemm::sm90 {
+
+// The epilogue of a mode and precision: FP8 up quantizes act; the rest store bf16.
+template <Mode M, class Cfg>
+using EpilogueOf = std::conditional_t<Cfg::kFp8 && M == Mode::Up, Fp8UpEpilogue<Cfg>, Epilogue<M, Cfg>>;
 
 // A consumer warpgroup: the tiles of the channel, one after another — mainloop, then epilogue.
 template <Mode M, class Cfg>
@@ -59,8 +67,14 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     const TileCoord tile = item_to_tile(it.item, blocks, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
     const bool live = (it.live >> wg) & 1;
-    Epilogue<M, Cfg> epi;
-    mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, [&] { epi.load_row_data(p, ids); });
+    EpilogueOf<M, Cfg> epi;
+    auto hook = [&] { epi.load_row_data(p, ids); };
+    if constexpr (Cfg::kFp8) {
+      const int rows[2] = {wg * kWgmmaM + acc_row(warp, lane, 0), wg * kWgmmaM + acc_row(warp, lane, 2)};
+      mma_tile_fp8<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
+    } else {
+      mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, hook);
+    }
 
     // The next item (the producer published it after issuing this tile's last loads) and its ids.
     const Item next = take_item(sm, ring, lane);
@@ -78,10 +92,10 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   }
 }
 
-template <Mode M, int BN, int STAGES>
+template <Mode M, int BN, int STAGES, bool FP8>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_expert_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap b_map) {
-  using Cfg = Config<BN, STAGES>;
+  using Cfg = Config<BN, STAGES, FP8>;
   extern __shared__ unsigned char smem_raw[];
   if (threadIdx.x == 0) {
     const Smem<Cfg> sm = smem_layout<Cfg>(smem_raw);

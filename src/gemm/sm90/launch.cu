@@ -66,10 +66,10 @@ CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n)
   return map;
 }
 
-template <Mode M, int BN, int ST>
+template <Mode M, int BN, int ST, bool FP8>
 void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_blocks, cudaStream_t stream) {
-  using Cfg = sm90::Config<BN, ST>;
-  auto kernel = sm90::sm90_expert_gemm_kernel<M, BN, ST>;
+  using Cfg = sm90::Config<BN, ST, FP8>;
+  auto kernel = sm90::sm90_expert_gemm_kernel<M, BN, ST, FP8>;
   // Once per instance and device: raise the shared-memory limit; one CTA per SM (the grid is
   // persistent).
   static detail::PerDevice<int64_t> per_device;
@@ -98,16 +98,23 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
 void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan, cudaStream_t stream, int block_n) {
   if (plan.max_blocks() == 0) return;
 
+  // FP8 rows are 2-byte units to TMA as to the kernel (gemm/params.hpp): the same box, the same bytes.
   const CUtensorMap b_map = make_b_map(mode, p, plan.shape.experts, block_n);
-#define MK_SM90_DISPATCH(bn, st)                                                    \
-  if (block_n == bn) {                                                              \
-    if (mode == Mode::Up)                                                           \
-      launch_instance<Mode::Up, bn, st>(p, b_map, plan.max_blocks(), stream);       \
-    else                                                                            \
-      launch_instance<Mode::Down, bn, st>(p, b_map, plan.max_blocks(), stream);     \
-    return;                                                                         \
+  const bool fp8 = plan.precision() == Precision::fp8;
+#define MK_SM90_DISPATCH(bn, st, is_fp8)                                                    \
+  if (block_n == bn && fp8 == is_fp8) {                                                     \
+    if (mode == Mode::Up)                                                                   \
+      launch_instance<Mode::Up, bn, st, is_fp8>(p, b_map, plan.max_blocks(), stream);       \
+    else                                                                                    \
+      launch_instance<Mode::Down, bn, st, is_fp8>(p, b_map, plan.max_blocks(), stream);     \
+    return;                                                                                 \
   }
-  MOEKIT_WGMMA_CONFIGS(MK_SM90_DISPATCH)
+#define MK_SM90_BF16(bn, st) MK_SM90_DISPATCH(bn, st, false)
+#define MK_SM90_FP8(bn, st) MK_SM90_DISPATCH(bn, st, true)
+  MOEKIT_WGMMA_CONFIGS(MK_SM90_BF16)
+  MOEKIT_WGMMA_FP8_CONFIGS(MK_SM90_FP8)
+#undef MK_SM90_FP8
+#undef MK_SM90_BF16
 #undef MK_SM90_DISPATCH
   fail("expert_gemm", "plan", "no compiled wgmma config has block_n " + std::to_string(block_n));
 }

@@ -29,6 +29,8 @@ struct Smem {
   uint32_t base;
   __device__ uint32_t a(uint32_t stage) const { return base + Cfg::kAOffset + stage * Cfg::kABytes; }
   __device__ uint32_t b(uint32_t stage) const { return base + Cfg::kBOffset + stage * Cfg::kBBytes; }
+  // FP8: the stage's scales (geometry.hpp: a[kBlockM], then b[2]).
+  __device__ uint32_t scales(uint32_t stage) const { return base + Cfg::kScaleOffset + stage * Cfg::kScaleFloats * 4; }
   __device__ uint32_t full(uint32_t stage) const { return base + Cfg::kBarOffset + stage * 8; }
   __device__ uint32_t empty(uint32_t stage) const { return base + Cfg::kBarOffset + (Cfg::kStages + stage) * 8; }
   __device__ uint32_t item_full(uint32_t slot) const { return base + Cfg::kItemBarOffset + slot * 8; }

@@ -6,6 +6,10 @@
 // Down: act row r in sorted order), padding rows and the K tail zero-filled, written straight into
 // the 128-byte swizzle wgmma reads. Each stage's "full" mbarrier completes when the TMA bytes have
 // landed and all 128 producer threads' cp.async have (cp.async.mbarrier.arrive.noinc).
+// FP8 (Cfg::kFp8): the same bytes (rows of 128 e4m3, addressed in 2-byte units: gemm/params.hpp),
+// plus each stage's block scales by 4-byte cp.async in the same arrival: thread (row_in_pass, chunk)
+// loads the A scale of its row of pass `chunk` (so the 128 threads cover the 128 rows once), the
+// TMA thread the B scales of the tile's two 128-row halves.
 #pragma once
 
 #include <cuda.h>
@@ -49,6 +53,8 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
     // This thread's 8 source rows for the whole K loop (64-bit offsets: ids·H overflows 32 bits).
     const __nv_bfloat16* src[kPasses];
     uint32_t row_ok = 0;
+    const float* scale_src = p.a_scale;  // FP8: this thread's A-scale row (index: the K-tile)
+    bool scale_ok = false;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int32_t r = row0 + row_in_pass + i * kRowsPerPass;
@@ -58,7 +64,25 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       const int32_t src_row = M == Mode::Up ? (ok ? int32_t(uint32_t(id) / uint32_t(p.topk)) : 0) : r;
       src[i] = p.a + int64_t(src_row) * p.k_dim + chunk * 8;
       row_ok |= uint32_t(ok) << i;
+      if constexpr (Cfg::kFp8)
+        if (i == chunk) {
+          scale_ok = ok;
+          scale_src = p.a_scale + int64_t(src_row) * k_tiles;  // k_tiles = scale blocks per row
+        }
     }
+    // FP8, the TMA thread: the B scale rows of the tile's halves (Up: gate's and up's block; Down:
+    // blocks 2·n_tile and 2·n_tile + 1, the second past H in a partial last tile).
+    const float* b_scale_src[2] = {p.b_scale, p.b_scale};
+    bool b_scale_ok[2] = {false, false};
+    if constexpr (Cfg::kFp8)
+      if (tma_thread) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int32_t blk = M == Mode::Up ? (j == 0 ? 0 : int32_t(p.b_up_block0)) + tile.n_tile : 2 * tile.n_tile + j;
+          b_scale_ok[j] = M == Mode::Up || (2 * tile.n_tile + j) * 128 < p.n_dim;
+          b_scale_src[j] = p.b_scale + int64_t(expert) * p.b_scale_expert_stride + int64_t(blk) * k_tiles;
+        }
+      }
 
     for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
       const uint32_t stage = pipe.stage;
@@ -76,6 +100,18 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
         const bool ok = k_ok && ((row_ok >> i) & 1u);
         ptx::cp_async16(dst + sw128_offset(uint32_t(row_in_pass + i * kRowsPerPass), uint32_t(chunk)),
                         ok ? static_cast<const void*>(src[i] + k0) : static_cast<const void*>(p.a), ok ? 16u : 0u);
+      }
+      if constexpr (Cfg::kFp8) {
+        const uint32_t sc = sm.scales(stage);
+        ptx::cp_async4(sc + uint32_t(row_in_pass + chunk * kRowsPerPass) * 4,
+                       scale_ok ? static_cast<const void*>(scale_src + kt) : static_cast<const void*>(p.a_scale),
+                       scale_ok ? 4u : 0u);
+        if (tma_thread)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            ptx::cp_async4(sc + (Cfg::kScaleB + j) * 4,
+                           b_scale_ok[j] ? static_cast<const void*>(b_scale_src[j] + kt) : static_cast<const void*>(p.b_scale),
+                           b_scale_ok[j] ? 4u : 0u);
       }
       ptx::cp_async_arrive_noinc(sm.full(stage));
     }
