@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/canon.hpp"
+#include "reference/internal.hpp"
 
 namespace moekit::ref {
 
@@ -215,8 +216,6 @@ std::vector<bf16> combine_partials(const float* partials, int64_t splits, int64_
   return y;
 }
 
-static double silu(double v) { return v / (1.0 + std::exp(-v)); }
-
 std::vector<double> expert_act(const bf16* x_row, const bf16* w13_expert, int64_t hidden,
                                int64_t inter) {
   std::vector<double> act(static_cast<size_t>(inter));
@@ -229,7 +228,7 @@ std::vector<double> expert_act(const bf16* x_row, const bf16* w13_expert, int64_
       g += xv * to_float(wg[h]);
       u += xv * to_float(wu[h]);
     }
-    act[size_t(f)] = silu(g) * u;
+    act[size_t(f)] = internal::silu(g) * u;
   }
   return act;
 }
