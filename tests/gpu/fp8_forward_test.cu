@@ -17,7 +17,17 @@
 //   y — against ref::moe_tokens_fp8 (which re-quantizes its own act): the flips above, each one step
 //       (2^-3 relative) on <= 2^-7 of act, carry 2^-3·sqrt(2^-7) ≈ 0.011 into y's norm, plus the
 //       bf16 roundings of y_rows and y (2 · 2^-9): kFidelityTol = 2^-5.
-//   calc_diff against the bf16 layer in double, below 1e-3 (DeepGEMM's threshold for FP8 GEMMs).
+//   calc_diff = 1 − 2·Σxy / (Σx² + Σy²) ≈ ε²/2 for a relative norm error ε. e4m3's round to
+//       nearest leaves a relative error of RMS 2^-4·sqrt(0.541/3) = 0.0265 per value (the step is
+//       2^-3 of the binade, uniform error, 1/m² averaged over a log-uniform mantissa m: 0.541).
+//       One FP8 GEMM (both operands quantized, independent errors) is off by sqrt(2)·0.0265 =
+//       0.0375 of its norm: calc_diff ≈ 7e-4, under DeepGEMM's 1e-3 — kGemmCalcDiffMax, held by
+//       the down GEMM against the exact act times the unquantized w2. The layer quantizes four
+//       operands (x, w13, act, w2): the up GEMM's 0.0375 on gate and on up (≈ 0.045 through
+//       SwiGLU), act's and w2's 0.0265 each: ε² ≈ 0.045² + 2·0.0265² = 3.4e-3, calc_diff ≈ 1.7e-3
+//       against the unquantized bf16 layer (measured on the H200: 2.0-2.9e-3 over these sampled
+//       tokens). kLayerCalcDiffMax = 5e-3; the issue's 1e-3 for the layer is below what four
+//       e4m3 roundings allow (docs/design.md, "FP8").
 #include <cmath>
 
 #include "gpu_util.hpp"
@@ -29,7 +39,8 @@ constexpr double kActTol = 0.0625 + 1.0 / 2048;
 constexpr double kActFlipFraction = 1.0 / 32;
 constexpr double kDownTol = 1.0 / 2048 + 1.0 / 512;
 constexpr double kFidelityTol = 1.0 / 32;
-constexpr double kCalcDiffMax = 1e-3;
+constexpr double kGemmCalcDiffMax = 1e-3;
+constexpr double kLayerCalcDiffMax = 5e-3;
 
 using ref::fp8;
 
@@ -140,7 +151,7 @@ class Fp8ForwardTest : public GpuTest {
       return double(ref::e4m3_to_float(L.w2_q[size_t((e * s.hidden + row) * s.inter + col)])) * sc;
     };
     // Stages 3-4, row by row: act against the exact act of x_q; y_rows from the GPU's own act.
-    std::vector<double> act_got, act_want, y_got, y_want;
+    std::vector<double> act_got, act_want, y_got, y_want, y_unquantized;
     int64_t flips = 0, act_elems = 0;
     for (int32_t row = 0; row < r.al.num_rows_padded; ++row) {
       const int32_t a = r.al.sorted_ids[size_t(row)];
@@ -163,14 +174,19 @@ class Fp8ForwardTest : public GpuTest {
       }
       for (int64_t g0 = 0; g0 < s.inter; g0 += 128) {  // the oracle's quantization of the exact act
         const int64_t n = std::min<int64_t>(128, s.inter - g0);
-        std::vector<fp8> q(size_t(n));
+        std::vector<fp8> q(static_cast<size_t>(n));
         ref::quantize_group(exact.data() + g0, n, q.data());
         for (int64_t i = 0; i < n; ++i) flips += q[size_t(i)] != act_row[g0 + i], ++act_elems;
       }
       for (int64_t h = 0; h < s.hidden; ++h) {
-        double acc = 0;
-        for (int64_t f = 0; f < s.inter; ++f) acc += act_got[act_got.size() - size_t(s.inter) + size_t(f)] * w2(e, h, f);
+        double acc = 0, unq = 0;
+        for (int64_t f = 0; f < s.inter; ++f) {
+          acc += act_got[act_got.size() - size_t(s.inter) + size_t(f)] * w2(e, h, f);
+          unq += act_want[act_want.size() - size_t(s.inter) + size_t(f)] *
+                 double(ref::to_float(L.w2[size_t((e * s.hidden + h) * s.inter + f)]));
+        }
         y_want.push_back(acc * L.weights[size_t(a)]);
+        y_unquantized.push_back(unq * L.weights[size_t(a)]);
         double got = 0;
         if (plan.down_splits == 1) got = ref::to_float(r.y_rows[size_t(a * s.hidden + h)]);
         else
@@ -182,6 +198,7 @@ class Fp8ForwardTest : public GpuTest {
     EXPECT_LE(ref::rel_norm_error(act_got, act_want), kActTol);
     EXPECT_LE(double(flips), kActFlipFraction * double(act_elems)) << flips << " of " << act_elems << " act codes differ";
     EXPECT_LE(ref::rel_norm_error(y_got, y_want), kDownTol);
+    EXPECT_LT(ref::calc_diff(y_got, y_unquantized), kGemmCalcDiffMax) << "the down GEMM against its unquantized operands";
     // The layer: fidelity and, against the unquantized bf16 layer, calc_diff.
     std::vector<int64_t> tokens;
     for (int64_t t = 0; t < s.tokens; t += std::max<int64_t>(1, s.tokens / 24)) tokens.push_back(t);
@@ -193,7 +210,7 @@ class Fp8ForwardTest : public GpuTest {
     for (int64_t t : tokens)
       for (int64_t h = 0; h < s.hidden; ++h) got.push_back(ref::to_float(r.y[size_t(t * s.hidden + h)]));
     EXPECT_LE(ref::rel_norm_error(got, fid), kFidelityTol);
-    EXPECT_LT(ref::calc_diff(got, bf), kCalcDiffMax);
+    EXPECT_LT(ref::calc_diff(got, bf), kLayerCalcDiffMax);
   }
 
   void run(const ForwardPlan& plan, const std::vector<int32_t>& ids, uint64_t seed) {
