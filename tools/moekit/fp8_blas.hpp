@@ -1,9 +1,10 @@
 // fp8_blas.hpp — the cuBLASLt references of the FP8 path, measured in the same run as moekit's
 // rows (docs/design.md, "What the benchmarks report"):
 //   - the FP8 tensor-core ceiling: a dense e4m3 x e4m3 -> bf16 cuBLASLt GEMM with per-tensor FP32
-//     scales, at 8192^3 or at any (m, n, k), e.g. the experts' own up shape (16384, 2F, H).
-// Definitions, and what cuBLASLt supports for FP8 on Hopper (with the documentation's words):
-// fp8_blas.cu.
+//     scales, at 8192^3 or at any (m, n, k), e.g. the experts' own up shape (16384, 2F, H);
+//   - a baseline of the FP8 expert FFN in DeepSeek-V3's format on cuBLASLt with 128-block scales.
+// Definitions: fp8_blas.cu (the ceiling's in fp8_lt.cuh, compiled into it), which also says
+// what cuBLASLt supports for FP8 on Hopper, in the documentation's words.
 #pragma once
 
 #include <cublasLt.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "moekit/moe.hpp"
 #include "tool_util.hpp"
 
 namespace moekit::cli {
@@ -62,5 +64,45 @@ Fp8Ceiling measure_fp8_gemm(const CublasLt& lt, int64_t m, int64_t n, int64_t k,
                             int steps, uint64_t seed, bool fast_accum = false);
 // measure_fp8_gemm at kFp8CeilingDim^3.
 Fp8Ceiling measure_fp8_ceiling(const CublasLt& lt, cudaStream_t stream, int warmup, int steps, uint64_t seed);
+
+// ---- the FP8 expert FFN on cuBLASLt ---------------------------------------------------------
+// For every expert e with rows (its assignments' token rows of x_q gathered outside the timed
+// region, padded to a multiple of 4 rows):
+//   gate_up = X_e · W13_eᵀ [m_e, 2F] bf16   cuBLASLt FP8, 128-block scales (weights 128x128,
+//                                             tokens 1x128), FP32 compute
+//   act = silu(gate) ⊙ up, quantized per row and 128 columns to e4m3 (moekit's arithmetic)
+//   out = act_e · W2_eᵀ [m_e, H] bf16       cuBLASLt FP8, 128-block scales
+// then y[t] = Σ_j topk_weights[t, j] · out[row of (t, j)] (FP32, slot order, bf16). Timed as the
+// bf16 baselines are (baselines.cu): eager calls, the median of `steps` after `warmup`, weight
+// copy i % copies at step i (with graph = true, also as CUDA graphs, one per copy, launched in
+// rotation); checked first on tokens 0 and T-1 against double-precision host sums on the same
+// quantized values.
+struct Fp8BaselineRequest {
+  MoeShape shape;                 // tokens = T
+  Tensor x_q;                     // [T, H] e4m3
+  Tensor x_scale;                 // [T, ceil(H/128)] f32
+  // One entry per weight copy, rotated step by step (bitwise-identical copies): w13 [E, 2F, H]
+  // e4m3, w13_scale [E, 2·ceil(F/128), ceil(H/128)] f32, w2 [E, H, F] e4m3, w2_scale
+  // [E, ceil(H/128), ceil(F/128)] f32. Copy 0 is the one checked.
+  std::vector<ExpertWeights> weights;
+  const std::vector<int32_t>* topk_ids = nullptr;  // [T, k], read on the host before timing
+  Tensor topk_weights;            // [T, k] f32
+  int warmup = 10, steps = 50;
+  cudaStream_t stream = nullptr;
+  const CublasLt* lt = nullptr;   // null: a handle and workspace of its own for this call
+  bool graph = false;             // also time the step replayed from CUDA graphs (a second row)
+};
+struct Fp8BaselineResult {
+  std::string impl;      // "cublaslt-fp8-loop", and "cublaslt-fp8-loop-graph" with graph = true
+  double ms = 0;         // median time of all experts' up + SwiGLU/quantize + down + combine
+  std::string note;      // how it was done (scaling modes, launches, padding)
+  double check_err = 0;  // worst relative norm error of the checked rows (up, act, y)
+  std::string check_detail;  // each checked part's error
+  bool ok = false;
+  std::string error;     // why the row is missing, if !ok
+};
+// Empty for T = 0. Errors (invalid request, no cuBLASLt algorithm, a failed check) come back as
+// ok = false with the reason.
+std::vector<Fp8BaselineResult> run_fp8_baselines(const Fp8BaselineRequest& req);
 
 }  // namespace moekit::cli
