@@ -37,6 +37,7 @@ struct BenchArgs {
   uint64_t seed = 20240901;
   bool no_baselines = false;
   int check_tokens = 16;
+  std::string dtype = "bf16";    // --dtype: bf16 | fp8 (bench_fp8.cu)
   int ep = 0;                    // --ep R: the expert-parallel layer over R GPUs (bench_ep.cpp)
   std::string ep_mode = "auto";  // prefill | decode | auto (decode for T <= 128 tokens per rank)
   int64_t ep_capacity = 0;       // decode rows per (source, destination); 0: never overflows
@@ -52,6 +53,8 @@ struct CheckArgs {
 };
 
 int run_bench(const BenchArgs& args, const std::string& command);
+// `moekit bench --dtype fp8`: the layer with DeepSeek-V3's FP8 experts (bench_fp8.cu).
+int run_bench_fp8(const BenchArgs& args, const std::string& command);
 // `moekit bench --ep R`: spawns R rank processes of this executable (argv) and, in each, times the
 // EP layer. Rank 0 prints and writes --json.
 int run_bench_ep(const BenchArgs& args, const std::string& command, int argc, char** argv);

@@ -34,14 +34,21 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
               {"dense_ceiling_gemm",
                std::to_string(info.dense_ceiling_dim) + "^3 bf16, FP32 accumulate, cublasGemmEx"},
               {"moekit_version", kVersion}};
+  if (info.fp8_ceiling_TFLOPs > 0) {
+    doc["fp8_ceiling_TFLOPs"] = info.fp8_ceiling_TFLOPs;
+    doc["fp8_ceiling_gemm"] = info.fp8_ceiling_note;
+  }
   json out = json::array();
   for (const Row& r : rows) {
     const std::optional<double> x_read = r.x_read_time();
     // x_roof: the time over the stage's roofline, max(read time of its weight bytes, FLOPs at the
     // dense ceiling), both measured in this run (docs/design.md, "What the benchmarks report").
-    const double roof_ms = std::max(r.read_time_ms.value_or(0.0), r.cost.flops / (info.dense_ceiling_TFLOPs * 1e9));
+    // fp8 rows: the FP8 ceiling.
+    const double ceiling = r.dtype == "fp8" && info.fp8_ceiling_TFLOPs > 0 ? info.fp8_ceiling_TFLOPs : info.dense_ceiling_TFLOPs;
+    const double roof_ms = std::max(r.read_time_ms.value_or(0.0), r.cost.flops / (ceiling * 1e9));
     auto opt = [](std::optional<double> v) { return v ? json(*v) : json(nullptr); };
     json j = {{"preset", r.preset},
+              {"dtype", r.dtype},
               {"tokens", r.shape.tokens},
               {"stage", r.stage},
               {"impl", r.impl},
@@ -56,6 +63,9 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
               {"dense_ceiling_TFLOPs", info.dense_ceiling_TFLOPs},
               {"frac_read", r.TBps() / info.read_ceiling_TBps},
               {"frac_dense", r.TFLOPs() / info.dense_ceiling_TFLOPs},
+              {"frac_fp8_ceiling", info.fp8_ceiling_TFLOPs > 0 ? json(r.TFLOPs() / info.fp8_ceiling_TFLOPs) : json(nullptr)},
+              {"calc_diff", opt(r.calc_diff)},
+              {"fidelity_err", opt(r.fidelity_err)},
               {"read_time_ms", opt(r.read_time_ms)},
               {"x_read_time", opt(x_read)},
               {"x_roof", roof_ms > 0 ? json(r.ms / roof_ms) : json(nullptr)},
@@ -135,6 +145,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--json", bench.json, "write the rows to this JSON file");
   bench_cmd->add_option("--seed", bench.seed, "seed of every random input")->capture_default_str();
   bench_cmd->add_flag("--no-baselines", bench.no_baselines, "skip the cuBLAS baselines");
+  bench_cmd->add_option("--dtype", bench.dtype, "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales)")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
   bench_cmd->add_option("--check-tokens", bench.check_tokens, "tokens the oracle checks before timing")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -195,7 +208,8 @@ int main(int argc, char** argv) {
 
   try {
     if (bench_cmd->parsed() && bench.ep > 0) return moekit::cli::run_bench_ep(bench, command, argc, argv);
-    if (bench_cmd->parsed()) return moekit::cli::run_bench(bench, command);
+    if (bench_cmd->parsed())
+      return bench.dtype == "fp8" ? moekit::cli::run_bench_fp8(bench, command) : moekit::cli::run_bench(bench, command);
     if (check_cmd->parsed()) return moekit::cli::run_check(check);
     if (tune_cmd->parsed()) return moekit::cli::run_tune(tune, command);
   } catch (const moekit::Error& e) {

@@ -30,13 +30,28 @@ struct StageCost {
   int64_t bytes() const { return weight_bytes + act_bytes; }
 };
 
-// The stages (rows) a benchmark reports, in order.
+// The stages (rows) a benchmark reports, in order (fp8 runs add "quantize" after the router).
 inline const char* const kStages[] = {"router", "align", "up", "down", "combine", "experts", "layer", "layer-graph"};
 
-inline StageCost stage_cost(const std::string& stage, const MoeShape& s, const Routed& r) {
+// FP8 (Precision::fp8): e4m3 weights plus their FP32 block scales, e4m3 x_q and act plus their
+// per-row scales; the quantize stage reads x (bf16) and writes x_q and x_scale.
+inline StageCost stage_cost(const std::string& stage, const MoeShape& s, const Routed& r,
+                            Precision p = Precision::bf16) {
   const int64_t T = s.tokens, H = s.hidden, F = s.inter, E = s.experts, A = s.tokens * s.topk;
+  const bool fp8 = p == Precision::fp8;
+  const int64_t kbH = fp8_blocks(H), kbF = fp8_blocks(F);
   StageCost c;
-  if (stage == "router") {
+  if (fp8 && stage == "quantize") {
+    c.act_bytes = T * H * 2 + T * H + T * kbH * 4;
+  } else if (fp8 && stage == "up") {
+    c.weight_bytes = r.touched_experts * (2 * H * F + w13_scale_rows(F) * kbH * 4);
+    c.act_bytes = T * H + T * kbH * 4 + A * F + A * kbF * 4;  // x_q and its scales in; act and its scales out
+    c.flops = 2.0 * double(A) * 2.0 * double(H) * double(F);
+  } else if (fp8 && stage == "down") {
+    c.weight_bytes = r.touched_experts * (H * F + kbH * kbF * 4);
+    c.act_bytes = A * F + A * kbF * 4 + A * 4 + A * H * 2;
+    c.flops = 2.0 * double(A) * double(H) * double(F);
+  } else if (stage == "router") {
     c.weight_bytes = E * H * 2;          // w_gate bf16
     c.act_bytes = T * H * 2 + A * 8;     // x in; topk ids (i32) and weights (f32) out
     c.flops = 2.0 * double(T) * double(H) * double(E);
@@ -56,15 +71,16 @@ inline StageCost stage_cost(const std::string& stage, const MoeShape& s, const R
     c.act_bytes = A * H * 2 + T * H * 2;  // y_rows in; y out
     c.flops = double(A) * double(H);      // one FP32 add per row element
   } else if (stage == "experts") {
-    const StageCost up = stage_cost("up", s, r), down = stage_cost("down", s, r);
+    const StageCost up = stage_cost("up", s, r, p), down = stage_cost("down", s, r, p);
     c.weight_bytes = up.weight_bytes + down.weight_bytes;
     c.act_bytes = up.act_bytes + down.act_bytes;
     c.flops = 2.0 * double(A) * 3.0 * double(H) * double(F);
   } else if (stage == "layer" || stage == "layer-graph") {
-    for (const char* part : {"router", "align", "up", "down", "combine"}) {
-      const StageCost p = stage_cost(part, s, r);
-      c.weight_bytes += p.weight_bytes;
-      c.act_bytes += p.act_bytes;
+    for (const char* part : {"router", "quantize", "align", "up", "down", "combine"}) {
+      if (!fp8 && std::string(part) == "quantize") continue;
+      const StageCost q = stage_cost(part, s, r, p);
+      c.weight_bytes += q.weight_bytes;
+      c.act_bytes += q.act_bytes;
     }
     // The layer's FLOPs are the experts' (docs/design.md, "What the benchmarks report"); the router's 2·T·H·E is < 1%.
     c.flops = 2.0 * double(A) * 3.0 * double(H) * double(F);

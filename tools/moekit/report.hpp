@@ -22,6 +22,10 @@ struct RunInfo {
   int64_t read_ceiling_bytes = 0;
   double dense_ceiling_TFLOPs = 0;
   int64_t dense_ceiling_dim = 0;
+  // --dtype fp8: the FP8 tensor-core ceiling (cuBLASLt e4m3 GEMM, per-tensor scales), the roof of
+  // fp8 rows' FLOPs; 0 in bf16 runs.
+  double fp8_ceiling_TFLOPs = 0;
+  std::string fp8_ceiling_note;
 };
 
 struct Row {
@@ -38,6 +42,9 @@ struct Row {
   std::string note;
   int weight_copies = 1;  // copies rotated through (L2 defeat)
   bool skew = false;
+  std::string dtype = "bf16";         // of the expert weights: bf16 | fp8
+  std::optional<double> calc_diff;    // fp8: y against the unquantized bf16 layer (oracle, sampled tokens)
+  std::optional<double> fidelity_err; // fp8: y against the oracle on the same quantized values (rel. norm)
 
   double TBps() const { return ms > 0 ? double(cost.bytes()) / (ms * 1e-3) / 1e12 : 0; }
   // The stage's time over a streaming read of the same weight bytes in the same run ("x the
