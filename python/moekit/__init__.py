@@ -49,6 +49,8 @@ __all__ = [
 Error.__module__ = CudaError.__module__ = "moekit"
 
 # The PyTorch layer is imported on first use, so that `import moekit` works without torch.
+# NOTES: `import moekit.torch`, not `from . import torch`: the latter's fromlist asks
+# hasattr(moekit, "torch") before importing, which calls this __getattr__ again, without end.
 _TORCH_NAMES = ("fused_moe", "fused_experts")
 
 
@@ -56,7 +58,7 @@ def __getattr__(name):
     if name in _TORCH_NAMES or name == "torch":
         if importlib.util.find_spec("torch") is None:
             raise ImportError(f"moekit.{name} needs PyTorch: pip install torch")
-        from . import torch as _mt
+        import moekit.torch as _mt
 
         return _mt if name == "torch" else getattr(_mt, name)
     raise AttributeError(f"module 'moekit' has no attribute '{name}'")

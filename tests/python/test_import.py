@@ -3,6 +3,8 @@ the DLPack boundary (NumPy arrays, or buffer-protocol arrays from the standard l
 import array
 import ctypes
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 
@@ -167,6 +169,15 @@ def test_missing_and_foreign_arguments_name_the_argument(h200):
         moekit.route(None, None, None, None, host_array(code="i"), host_array())
     with pytest.raises(moekit.Error, match="route: argument 'router_logits': expected a CUDA"):
         moekit.route(None, None, host_array(), None, host_array(code="i"), host_array())
+
+
+def test_torch_names_in_a_fresh_interpreter():
+    """moekit.fused_moe imports moekit.torch on first use; in a fresh interpreter (no test module
+    imported it before) that first use is what runs."""
+    script = "import moekit; moekit.fused_moe; moekit.torch.fused_experts" if importlib.util.find_spec("torch") \
+        else "import moekit\ntry:\n    moekit.fused_moe\nexcept ImportError:\n    pass"
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 def test_torch_names_need_torch():
