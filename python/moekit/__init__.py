@@ -5,7 +5,7 @@ Two layers:
 * the low-level API of the C++ library (``include/moekit/moe.hpp``), on any DLPack array and an
   explicit CUDA stream: :func:`plan_forward`, :func:`route`, :func:`align`, :func:`expert_up`,
   :func:`expert_down`, :func:`combine` (:func:`combine_partials`), :func:`moe_forward`,
-  :func:`experts_forward`;
+  :func:`experts_forward`, and FP8's :func:`quantize_tokens`, :func:`quantize_weights`;
 * PyTorch (``moekit.torch``, imported on first use): :func:`fused_moe`, :func:`fused_experts`,
   torch custom ops ``torch.ops.moekit.*`` (torch.compile, CUDA graphs) and the ``MoE`` module.
 
@@ -16,6 +16,7 @@ Two layers:
 import importlib.util
 
 from ._moekit import (
+    FP8_BLOCK,
     MAX_EXPERTS,
     MAX_TOPK,
     CudaError,
@@ -34,14 +35,16 @@ from ._moekit import (
     experts_forward,
     moe_forward,
     plan_forward,
+    quantize_tokens,
+    quantize_weights,
     query_device,
     route,
 )
 
 __all__ = [
-    "MAX_EXPERTS", "MAX_TOPK", "CudaError", "DeviceInfo", "Error", "Plan", "__version__", "align",
+    "FP8_BLOCK", "MAX_EXPERTS", "MAX_TOPK", "CudaError", "DeviceInfo", "Error", "Plan", "__version__", "align",
     "check_status", "combine", "combine_partials", "compiled_gemm_configs", "device_count", "expert_down", "expert_up",
-    "experts_forward", "moe_forward", "plan_forward", "query_device", "route",
+    "experts_forward", "moe_forward", "plan_forward", "quantize_tokens", "quantize_weights", "query_device", "route",
     "fused_moe", "fused_experts",
 ]
 
