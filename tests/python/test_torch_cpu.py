@@ -335,7 +335,7 @@ def test_cached_plans_do_not_outlive_the_interpreter():
 
         # Plans for an H200 on any machine: what is checked is the cache, not the device.
         plan_forward, h200 = C.plan_forward, C.DeviceInfo(**{H200!r})
-        C.plan_forward = lambda *shape, device=None: plan_forward(*shape, device=h200)
+        C.plan_forward = lambda *shape, device=None, **kw: plan_forward(*shape, device=h200, **kw)
         for tokens in (1, 16, 256):
             _plan(tokens, 1024, 512, 16, 4, 0)
         assert _plan.cache_info().currsize == 3
