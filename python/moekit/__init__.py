@@ -7,7 +7,9 @@ Two layers:
   :func:`expert_down`, :func:`combine` (:func:`combine_partials`), :func:`moe_forward`,
   :func:`experts_forward`, and FP8's :func:`quantize_tokens`, :func:`quantize_weights`;
 * PyTorch (``moekit.torch``, imported on first use): :func:`fused_moe`, :func:`fused_experts`,
-  torch custom ops ``torch.ops.moekit.*`` (torch.compile, CUDA graphs) and the ``MoE`` module.
+  torch custom ops ``torch.ops.moekit.*`` (torch.compile, CUDA graphs) and the ``MoE`` module;
+  FP8 (DeepSeek-V3's format): ``fused_moe(..., use_fp8_w8a8=True, ...)`` and
+  :func:`quantize_fp8_weights` (``moekit.fp8``).
 
 ``import moekit`` needs neither PyTorch nor a GPU; a call that needs a GPU raises
 :class:`moekit.CudaError` (a RuntimeError) without one. Bad arguments raise :class:`moekit.Error`
@@ -45,7 +47,7 @@ __all__ = [
     "FP8_BLOCK", "MAX_EXPERTS", "MAX_TOPK", "CudaError", "DeviceInfo", "Error", "Plan", "__version__", "align",
     "check_status", "combine", "combine_partials", "compiled_gemm_configs", "device_count", "expert_down", "expert_up",
     "experts_forward", "moe_forward", "plan_forward", "quantize_tokens", "quantize_weights", "query_device", "route",
-    "fused_moe", "fused_experts",
+    "fused_moe", "fused_experts", "quantize_fp8_weights",
 ]
 
 # Shown as moekit.Error / moekit.CudaError in tracebacks.
@@ -54,7 +56,7 @@ Error.__module__ = CudaError.__module__ = "moekit"
 # The PyTorch layer is imported on first use, so that `import moekit` works without torch.
 # NOTES: `import moekit.torch`, not `from . import torch`: the latter's fromlist asks
 # hasattr(moekit, "torch") before importing, which calls this __getattr__ again, without end.
-_TORCH_NAMES = ("fused_moe", "fused_experts")
+_TORCH_NAMES = ("fused_moe", "fused_experts", "quantize_fp8_weights")
 
 
 def __getattr__(name):
