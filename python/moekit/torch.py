@@ -278,6 +278,10 @@ def moe_from_hf(layer: torch.nn.Module, config=None, arch: Optional[str] = None,
     over both.
     """
     packed = pack_hf_moe(layer, device=device)
+    if packed["w13_scale"] is not None:
+        _fail("moe_from_hf", "layer", "has FP8 experts (float8_e4m3fn weights with weight_scale_inv), and MoE holds "
+                                      "bf16 ones: run moekit.fused_moe(..., use_fp8_w8a8=True) on "
+                                      "moekit.hf.pack_hf_moe(layer)'s w13, w2, w13_scale and w2_scale")
     arch = arch or getattr(config, "model_type", None) or packed["arch"]
     opts = routing_from_hf_config(config, arch) if config is not None else dict(ARCH_DEFAULTS[arch])
     opts.update(overrides)
