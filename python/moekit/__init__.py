@@ -5,9 +5,11 @@ Two layers:
 * the low-level API of the C++ library (``include/moekit/moe.hpp``), on any DLPack array and an
   explicit CUDA stream: :func:`plan_forward`, :func:`route`, :func:`align`, :func:`expert_up`,
   :func:`expert_down`, :func:`combine` (:func:`combine_partials`), :func:`moe_forward`,
-  :func:`experts_forward`;
+  :func:`experts_forward`, and FP8's :func:`quantize_tokens`, :func:`quantize_weights`;
 * PyTorch (``moekit.torch``, imported on first use): :func:`fused_moe`, :func:`fused_experts`,
-  torch custom ops ``torch.ops.moekit.*`` (torch.compile, CUDA graphs) and the ``MoE`` module.
+  torch custom ops ``torch.ops.moekit.*`` (torch.compile, CUDA graphs) and the ``MoE`` module;
+  FP8 (DeepSeek-V3's format): ``fused_moe(..., use_fp8_w8a8=True, ...)`` and
+  :func:`quantize_fp8_weights` (``moekit.fp8``).
 
 ``import moekit`` needs neither PyTorch nor a GPU; a call that needs a GPU raises
 :class:`moekit.CudaError` (a RuntimeError) without one. Bad arguments raise :class:`moekit.Error`
@@ -16,6 +18,7 @@ Two layers:
 import importlib.util
 
 from ._moekit import (
+    FP8_BLOCK,
     MAX_EXPERTS,
     MAX_TOPK,
     CudaError,
@@ -34,29 +37,33 @@ from ._moekit import (
     experts_forward,
     moe_forward,
     plan_forward,
+    quantize_tokens,
+    quantize_weights,
     query_device,
     route,
 )
 
 __all__ = [
-    "MAX_EXPERTS", "MAX_TOPK", "CudaError", "DeviceInfo", "Error", "Plan", "__version__", "align",
+    "FP8_BLOCK", "MAX_EXPERTS", "MAX_TOPK", "CudaError", "DeviceInfo", "Error", "Plan", "__version__", "align",
     "check_status", "combine", "combine_partials", "compiled_gemm_configs", "device_count", "expert_down", "expert_up",
-    "experts_forward", "moe_forward", "plan_forward", "query_device", "route",
-    "fused_moe", "fused_experts",
+    "experts_forward", "moe_forward", "plan_forward", "quantize_tokens", "quantize_weights", "query_device", "route",
+    "fused_moe", "fused_experts", "quantize_fp8_weights",
 ]
 
 # Shown as moekit.Error / moekit.CudaError in tracebacks.
 Error.__module__ = CudaError.__module__ = "moekit"
 
 # The PyTorch layer is imported on first use, so that `import moekit` works without torch.
-_TORCH_NAMES = ("fused_moe", "fused_experts")
+# NOTES: `import moekit.torch`, not `from . import torch`: the latter's fromlist asks
+# hasattr(moekit, "torch") before importing, which calls this __getattr__ again, without end.
+_TORCH_NAMES = ("fused_moe", "fused_experts", "quantize_fp8_weights")
 
 
 def __getattr__(name):
     if name in _TORCH_NAMES or name == "torch":
         if importlib.util.find_spec("torch") is None:
             raise ImportError(f"moekit.{name} needs PyTorch: pip install torch")
-        from . import torch as _mt
+        import moekit.torch as _mt
 
         return _mt if name == "torch" else getattr(_mt, name)
     raise AttributeError(f"module 'moekit' has no attribute '{name}'")

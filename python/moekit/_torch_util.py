@@ -33,8 +33,9 @@ def _stream(device: torch.device) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(tokens: int, hidden: int, inter: int, experts: int, topk: int, device_index: int) -> _C.Plan:
-    return _C.plan_forward(tokens, hidden, inter, experts, topk, device=device_index)
+def _plan(tokens: int, hidden: int, inter: int, experts: int, topk: int, device_index: int,
+          precision: str = "bf16") -> _C.Plan:
+    return _C.plan_forward(tokens, hidden, inter, experts, topk, device=device_index, precision=precision)
 
 
 # NOTES: torch's operator registry keeps the custom ops' functions for the life of the process,
@@ -58,9 +59,11 @@ def _cuda_index(fn: str, device) -> int:
     return torch.cuda.current_device() if d.index is None else d.index
 
 
-def plan(tokens: int, hidden: int, inter: int, experts: int, top_k: int, device=None) -> _C.Plan:
-    """The moekit.Plan of this shape on a CUDA device (None: the current one); cached."""
-    return _plan(tokens, hidden, inter, experts, top_k, _cuda_index("plan", device))
+def plan(tokens: int, hidden: int, inter: int, experts: int, top_k: int, device=None,
+         precision: str = "bf16") -> _C.Plan:
+    """The moekit.Plan of this shape on a CUDA device (None: the current one), of precision
+    "bf16" or "fp8"; cached."""
+    return _plan(tokens, hidden, inter, experts, top_k, _cuda_index("plan", device), precision)
 
 
 def _workspace(p: _C.Plan, device: torch.device) -> Tensor:
@@ -73,7 +76,8 @@ def _fail(fn: str, arg: str, what: str):
     raise _C.Error(f"moekit.{fn}: argument '{arg}': {what}")
 
 
-_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.int32: "int32"}
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.int32: "int32",
+                torch.float8_e4m3fn: "float8_e4m3fn"}
 
 
 def _check(fn: str, arg: str, t, dtypes: Sequence[torch.dtype], dims: Sequence[tuple],
@@ -136,14 +140,15 @@ def _check_routing(fn: str, experts: int, top_k, scoring_func, num_expert_group,
     return top_k, n_group, t_group
 
 
-def _check_experts(fn: str, x, w13, w2) -> tuple[int, int, int, int]:
+def _check_experts(fn: str, x, w13, w2, weight_dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int, int]:
+    """x [T, H] bf16, w13 [E, 2F, H] and w2 [E, H, F] of weight_dtype (bf16, or e4m3 for FP8)."""
     _check(fn, "x", x, (torch.bfloat16,), (("T", None), ("H", None)))
     T, H = x.shape
-    _check(fn, "w13", w13, (torch.bfloat16,), (("E", None), ("2F", None), ("H", H)), x.device)
+    _check(fn, "w13", w13, (weight_dtype,), (("E", None), ("2F", None), ("H", H)), x.device)
     E, F2 = w13.shape[0], w13.shape[1]
     if F2 % 2 != 0:
         _fail(fn, "w13", f"expected shape [E, 2F, H] (gate rows then up rows), got an odd row count {F2}")
-    _check(fn, "w2", w2, (torch.bfloat16,), (("E", E), ("H", H), ("F", F2 // 2)), x.device)
+    _check(fn, "w2", w2, (weight_dtype,), (("E", E), ("H", H), ("F", F2 // 2)), x.device)
     return T, H, F2 // 2, E
 
 

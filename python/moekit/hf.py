@@ -11,6 +11,13 @@ down(silu(gate(x)) * up(x)) of nn.Linear weights [out, in], so gate/up are [F, H
 | Qwen3-MoE | mlp | experts[i].gate_proj, .up_proj, .down_proj | gate.weight |
 | DeepSeek-V3 | mlp | experts[i].gate_proj, .up_proj, .down_proj | gate.weight, gate.e_score_correction_bias |
 
+FP8 checkpoints in DeepSeek-V3's format (its released weights, and transformers' FP8Linear) store
+each projection as `weight` float8_e4m3fn with `weight_scale_inv` float32 [ceil(out/128),
+ceil(in/128)], the dequantizing multiplier of each 128 x 128 block. They pack as they are stored:
+w13 and w2 e4m3, w13_scale [E, 2·ceil(F/128), ceil(H/128)] (per expert gate's blocks, then up's)
+and w2_scale [E, ceil(H/128), ceil(F/128)], moekit's FP8 layout (moekit.fp8); dtype=torch.bfloat16
+dequantizes them instead.
+
 Newer transformers keep the experts fused (experts.gate_up_proj [E, 2F, H], experts.down_proj
 [E, H, F]): already moekit's layout, taken as they are. DeepSeek-V3's shared experts are a dense
 MLP outside the routed experts: run them beside the MoE.
@@ -20,15 +27,18 @@ which imports this module, never the other way round.
 """
 from __future__ import annotations
 
+import os
 import re
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from . import _moekit as _C
+from .fp8 import blocks, dequantize_weight_blocks
 
-__all__ = ["pack_experts", "pack_hf_moe", "pack_hf_state_dict", "routing_from_hf_config", "ARCH_DEFAULTS"]
+__all__ = ["pack_experts", "pack_experts_fp8", "pack_hf_moe", "pack_hf_state_dict", "pack_hf_safetensors",
+           "routing_from_hf_config", "ARCH_DEFAULTS"]
 
 # Per-expert projection names: (gate, up, down).
 _EXPERT_NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))
@@ -79,6 +89,80 @@ def pack_experts(gate: Sequence[Tensor], up: Sequence[Tensor], down: Sequence[Te
     return w13, w2
 
 
+def pack_experts_fp8(gate: Sequence[Tensor], up: Sequence[Tensor], down: Sequence[Tensor],
+                     gate_scale: Sequence[Tensor], up_scale: Sequence[Tensor], down_scale: Sequence[Tensor], *,
+                     device=None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stacks per-expert FP8 weights as stored (DeepSeek-V3's format) into (w13 [E, 2F, H],
+    w13_scale [E, 2·ceil(F/128), ceil(H/128)], w2 [E, H, F], w2_scale [E, ceil(H/128), ceil(F/128)]).
+
+    gate[e], up[e]: [F, H] float8_e4m3fn, down[e]: [H, F]; their weight_scale_inv float32
+    [ceil(F/128), ceil(H/128)] (gate, up) and [ceil(H/128), ceil(F/128)] (down). The bytes are
+    copied unchanged; each projection keeps its own blocks (also when F is not a multiple of 128).
+    """
+    fn = "pack_experts_fp8"
+    E = len(gate)
+    if E == 0:
+        _fail(fn, "gate", "no experts given")
+    for name, ts in (("up", up), ("down", down), ("gate_scale", gate_scale), ("up_scale", up_scale),
+                     ("down_scale", down_scale)):
+        if len(ts) != E:
+            _fail(fn, name, f"expected {E} tensors (one per expert, as 'gate'), got {len(ts)}")
+    if gate[0].dim() != 2:
+        _fail(fn, "gate[0]", f"expected shape [F, H], got {list(gate[0].shape)}")
+    F, H = gate[0].shape
+    fb, hb = blocks(F), blocks(H)
+    device = gate[0].device if device is None else torch.device(device)
+    w13 = torch.empty((E, 2 * F, H), dtype=torch.float8_e4m3fn, device=device)
+    w2 = torch.empty((E, H, F), dtype=torch.float8_e4m3fn, device=device)
+    s13 = torch.empty((E, 2 * fb, hb), dtype=torch.float32, device=device)
+    s2 = torch.empty((E, hb, fb), dtype=torch.float32, device=device)
+    with torch.no_grad():
+        for e in range(E):
+            for name, t, want in (("gate", gate[e], (F, H)), ("up", up[e], (F, H)), ("down", down[e], (H, F))):
+                if t.dtype != torch.float8_e4m3fn:
+                    _fail(fn, f"{name}[{e}]", f"expected dtype float8_e4m3fn, got {str(t.dtype).replace('torch.', '')}")
+                if tuple(t.shape) != want:
+                    _fail(fn, f"{name}[{e}]", f"expected shape {list(want)}, got {list(t.shape)}")
+            for name, t, want in (("gate_scale", gate_scale[e], (fb, hb)), ("up_scale", up_scale[e], (fb, hb)),
+                                  ("down_scale", down_scale[e], (hb, fb))):
+                if not t.dtype.is_floating_point or t.dtype.itemsize < 2:
+                    _fail(fn, f"{name}[{e}]", "expected float32 block scales, got "
+                                              f"{str(t.dtype).replace('torch.', '')}")
+                if tuple(t.shape) != want:
+                    _fail(fn, f"{name}[{e}]", f"expected shape {list(want)} (one scale per 128 x 128 block), "
+                                              f"got {list(t.shape)}")
+            w13[e, :F].copy_(gate[e])
+            w13[e, F:].copy_(up[e])
+            w2[e].copy_(down[e])
+            s13[e, :fb].copy_(gate_scale[e])
+            s13[e, fb:].copy_(up_scale[e])
+            s2[e].copy_(down_scale[e])
+    return w13, s13, w2, s2
+
+
+def _dequantized(ws: Sequence[Tensor], scales: Sequence[Tensor], dtype: torch.dtype) -> list:
+    return [dequantize_weight_blocks(w[None], s[None])[0].to(dtype) for w, s in zip(ws, scales)]
+
+
+def _pack_any(fn: str, arg: str, weights: Sequence[Sequence[Tensor]], scales: Sequence[Sequence[Optional[Tensor]]],
+              scale_name, dtype: Optional[torch.dtype], device) -> tuple:
+    """(w13, w2, w13_scale, w2_scale) of per-expert (gate, up, down) weights: FP8 ones (e4m3 with
+    their weight_scale_inv) as stored when dtype is None, else everything in dtype (bf16 by
+    default), FP8 dequantized. scale_name(i, e): how the caller names projection i's scale of expert e."""
+    if weights[0][0].dtype != torch.float8_e4m3fn:
+        w13, w2 = pack_experts(*weights, dtype=dtype or torch.bfloat16, device=device)
+        return w13, w2, None, None
+    missing = next(((i, e) for i, ss in enumerate(scales) for e, sc in enumerate(ss) if sc is None), None)
+    if missing is not None:
+        _fail(fn, arg, f"holds float8_e4m3fn expert weights but no {scale_name(*missing)} (the block scales of "
+                       "DeepSeek-V3's FP8 format)")
+    if dtype is None:
+        w13, s13, w2, s2 = pack_experts_fp8(*weights, *scales, device=device)
+        return w13, w2, s13, s2
+    w13, w2 = pack_experts(*(_dequantized(w, s, dtype) for w, s in zip(weights, scales)), dtype=dtype, device=device)
+    return w13, w2, None, None
+
+
 def _moe_block(layer: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     if hasattr(layer, "experts") and hasattr(layer, "gate"):
         return layer, ""
@@ -104,14 +188,19 @@ def _detect_arch(block: torch.nn.Module, block_name: str) -> str:
     return "qwen3_moe"
 
 
-def _packed(w_gate: Tensor, w13: Tensor, w2: Tensor, bias: Optional[Tensor], arch: str) -> dict:
-    return dict(w_gate=w_gate, w13=w13, w2=w2,
+def _packed(w_gate: Tensor, w13: Tensor, w2: Tensor, bias: Optional[Tensor], arch: str,
+            w13_scale: Optional[Tensor] = None, w2_scale: Optional[Tensor] = None) -> dict:
+    return dict(w_gate=w_gate, w13=w13, w2=w2, w13_scale=w13_scale, w2_scale=w2_scale,
                 e_score_correction_bias=None if bias is None else bias.detach().to(torch.float32).contiguous(),
                 arch=arch)
 
 
-def _fused(fn: str, gate_up: Tensor, down: Tensor, H: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def _fused(fn: str, gate_up: Tensor, down: Tensor, H: int, dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor]:
     # Non-transposed (HF's default for these models): gate_up [E, 2F, H], down [E, H, F].
+    dtype = dtype or torch.bfloat16
+    if gate_up.dtype == torch.float8_e4m3fn:
+        _fail(fn, "experts.gate_up_proj", "fused float8_e4m3fn experts are not supported (DeepSeek-V3's FP8 "
+                                          "format is per expert: experts.<i>.gate_proj.weight + weight_scale_inv)")
     if gate_up.dim() != 3 or down.dim() != 3:
         _fail(fn, "experts.gate_up_proj", f"expected 3-D fused expert weights, got {list(gate_up.shape)} and "
                                           f"{list(down.shape)}")
@@ -124,11 +213,14 @@ def _fused(fn: str, gate_up: Tensor, down: Tensor, H: int, dtype: torch.dtype) -
         return (gate_up.detach().to(dtype).contiguous(), down.detach().to(dtype).contiguous())
 
 
-def pack_hf_moe(layer: torch.nn.Module, *, dtype: torch.dtype = torch.bfloat16, device=None) -> dict:
+def pack_hf_moe(layer: torch.nn.Module, *, dtype: Optional[torch.dtype] = None, device=None) -> dict:
     """Packs the MoE of a Hugging Face decoder layer (or the MoE block itself).
 
-    Returns dict(w_gate [E, H], w13 [E, 2F, H], w2 [E, H, F], e_score_correction_bias [E] float32
-    or None, arch "mixtral" | "qwen3_moe" | "deepseek_v3").
+    Returns dict(w_gate [E, H], w13 [E, 2F, H], w2 [E, H, F], w13_scale, w2_scale,
+    e_score_correction_bias [E] float32 or None, arch "mixtral" | "qwen3_moe" | "deepseek_v3").
+    dtype None: bf16 experts, or FP8 ones (float8_e4m3fn weights with weight_scale_inv, as
+    transformers' FP8Linear holds them) as stored with their block scales; otherwise every expert
+    weight in dtype (FP8 ones dequantized) and the scales None.
     """
     fn = "pack_hf_moe"
     block, block_name = _moe_block(layer)
@@ -137,6 +229,7 @@ def pack_hf_moe(layer: torch.nn.Module, *, dtype: torch.dtype = torch.bfloat16, 
     H = w_gate.shape[1]
     bias = getattr(block.gate, "e_score_correction_bias", None)
     experts = block.experts
+    s13 = s2 = None
     if hasattr(experts, "gate_up_proj"):
         w13, w2 = _fused(fn, experts.gate_up_proj, experts.down_proj, H, dtype)
         if device is not None:
@@ -146,21 +239,25 @@ def pack_hf_moe(layer: torch.nn.Module, *, dtype: torch.dtype = torch.bfloat16, 
         if names is None:
             _fail(fn, "layer", f"expert {type(experts[0]).__name__} has neither w1/w3/w2 nor "
                                "gate_proj/up_proj/down_proj")
-        g, u, d = names
-        w13, w2 = pack_experts([getattr(m, g).weight for m in experts], [getattr(m, u).weight for m in experts],
-                               [getattr(m, d).weight for m in experts], dtype=dtype, device=device)
+        linears = [[getattr(m, n) for m in experts] for n in names]
+        weights = [[lin.weight for lin in ls] for ls in linears]
+        scales = [[getattr(lin, "weight_scale_inv", None) for lin in ls] for ls in linears]
+        w13, w2, s13, s2 = _pack_any(fn, "layer", weights, scales,
+                                     lambda i, e: f"experts[{e}].{names[i]}.weight_scale_inv", dtype, device)
     if device is not None:
         w_gate = w_gate.to(device)
         bias = None if bias is None else bias.to(device)
-    return _packed(w_gate.contiguous(), w13, w2, bias, arch)
+    return _packed(w_gate.contiguous(), w13, w2, bias, arch, s13, s2)
 
 
-def pack_hf_state_dict(state_dict: Mapping[str, Tensor], prefix: str, *, dtype: torch.dtype = torch.bfloat16,
+def pack_hf_state_dict(state_dict: Mapping[str, Tensor], prefix: str, *, dtype: Optional[torch.dtype] = None,
                        device=None) -> dict:
     """Packs one MoE block from a checkpoint's state dict, without building the HF model.
 
     prefix: the block's key prefix, e.g. "model.layers.3.block_sparse_moe" (Mixtral) or
-    "model.layers.3.mlp" (Qwen3-MoE, DeepSeek-V3). Returns what pack_hf_moe returns.
+    "model.layers.3.mlp" (Qwen3-MoE, DeepSeek-V3). Returns what pack_hf_moe returns; DeepSeek-V3's
+    FP8 checkpoints (experts.<i>.gate_proj.weight float8_e4m3fn + .weight_scale_inv) as stored when
+    dtype is None. A safetensors file's tensors are such a mapping (safetensors.torch.load_file).
     """
     fn = "pack_hf_state_dict"
     p = prefix.rstrip(".") + "."
@@ -169,33 +266,56 @@ def pack_hf_state_dict(state_dict: Mapping[str, Tensor], prefix: str, *, dtype: 
     w_gate = state_dict[p + "gate.weight"]
     bias = state_dict.get(p + "gate.e_score_correction_bias")
     H = w_gate.shape[1]
+    s13 = s2 = None
     if p + "experts.gate_up_proj" in state_dict:
         w13, w2 = _fused(fn, state_dict[p + "experts.gate_up_proj"], state_dict[p + "experts.down_proj"], H, dtype)
         names = None
     else:
-        pat = re.compile(re.escape(p) + r"experts\.(\d+)\.(\w+)\.weight$")
+        pat = re.compile(re.escape(p) + r"experts\.(\d+)\.(\w+)\.(weight|weight_scale_inv)$")
         found: dict = {}
+        scales: dict = {}
         for key in state_dict:
             m = pat.match(key)
             if m:
-                found.setdefault(m.group(2), {})[int(m.group(1))] = state_dict[key]
+                into = found if m.group(3) == "weight" else scales
+                into.setdefault(m.group(2), {})[int(m.group(1))] = state_dict[key]
         names = next((n for n in _EXPERT_NAMES if all(k in found for k in n)), None)
         if names is None:
             _fail(fn, "prefix", f"no expert weights under {p}experts.<i>.(w1|gate_proj).weight")
         E = len(found[names[0]])
         if sorted(found[names[0]]) != list(range(E)):
             _fail(fn, "state_dict", f"expert indices under {p}experts are not 0..{E - 1}")
-        w13, w2 = pack_experts(*[[found[n][e] for e in range(E)] for n in names], dtype=dtype, device=device)
+        weights = [[found[n][e] for e in range(E)] for n in names]
+        fp8_scales = [[scales.get(n, {}).get(e) for e in range(E)] for n in names]
+        w13, w2, s13, s2 = _pack_any(fn, "state_dict", weights, fp8_scales,
+                                     lambda i, e: f"key {p}experts.{e}.{names[i]}.weight_scale_inv", dtype, device)
     if device is not None:
         w_gate, w13, w2 = w_gate.to(device), w13.to(device), w2.to(device)
         bias = None if bias is None else bias.to(device)
+        s13, s2 = (None, None) if s13 is None else (s13.to(device), s2.to(device))
     if bias is not None:
         arch = "deepseek_v3"
     elif names == _EXPERT_NAMES[0] or "block_sparse_moe" in prefix:
         arch = "mixtral"
     else:
         arch = "qwen3_moe"
-    return _packed(w_gate.detach().contiguous(), w13, w2, bias, arch)
+    return _packed(w_gate.detach().contiguous(), w13, w2, bias, arch, s13, s2)
+
+
+def pack_hf_safetensors(files: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], prefix: str, *,
+                        dtype: Optional[torch.dtype] = None, device=None) -> dict:
+    """pack_hf_state_dict of one MoE block read straight from a checkpoint's safetensors files (a
+    path, or the shards' paths), loading only the tensors under `prefix` (needs safetensors)."""
+    from safetensors import safe_open
+
+    p = prefix.rstrip(".") + "."
+    state_dict = {}
+    for path in [files] if isinstance(files, (str, os.PathLike)) else files:
+        with safe_open(os.fspath(path), framework="pt") as f:
+            for key in f.keys():
+                if key.startswith(p):
+                    state_dict[key] = f.get_tensor(key)
+    return pack_hf_state_dict(state_dict, prefix, dtype=dtype, device=device)
 
 
 def routing_from_hf_config(config, arch: Optional[str] = None) -> dict:

@@ -1,15 +1,17 @@
 """moekit.torch — moekit on PyTorch tensors: custom ops, ``fused_moe``, and the ``MoE`` module.
 
 Each call validates its arguments (a ``moekit.Error``, a ValueError, naming the argument), then
-runs a torch custom op (``torch.ops.moekit.*``; ``fused_moe_out``/``fused_experts_out`` when the
-caller gives ``out=``). The ops have fake (meta) implementations, so ``torch.compile`` traces
-through them with no graph break, and their CUDA work is enqueued on the current torch stream
-with no host synchronisation, so they capture in ``torch.cuda.graph``.
+runs a torch custom op (``torch.ops.moekit.*``, defined in moekit._ops; ``fused_moe_out``/
+``fused_experts_out`` when the caller gives ``out=``). The ops have fake (meta) implementations,
+so ``torch.compile`` traces through them with no graph break, and their CUDA work is enqueued on
+the current torch stream with no host synchronisation, so they capture in ``torch.cuda.graph``.
 The workspace comes from PyTorch's caching allocator (``torch.empty(uint8)``; inside a CUDA
 graph, from the graph's private pool).
 
 Tensors cross into C++ as DLPack capsules, zero-copy (moekit._torch_util says why capsules).
 The staged API (Workspace, align, expert_up, expert_down, combine(ws)) lives in moekit.stages.
+FP8 experts (DeepSeek-V3's format, ``use_fp8_w8a8=True``) run through the same ops with their
+block scales; moekit.fp8 holds the quantizer and the format's checks.
 
 Forward only: no autograd formula is registered (backward is a later stage of moekit).
 """
@@ -21,142 +23,18 @@ import torch
 from torch import Tensor
 
 from . import _moekit as _C
-from ._torch_util import (_alias, _check, _check_experts, _check_no_overlap, _check_router, _check_routing, _dl,
-                          _fail, _forward_only, _grouped_topk, _plan, _required, _stream, _workspace, plan)
+from . import _ops  # noqa: F401  registers torch.ops.moekit.*
+from ._torch_util import (_alias, _check, _check_router, _check_routing, _fail, _forward_only,
+                          _grouped_topk, _required, plan)
+from .fp8 import check_fp8_experts, quantize_fp8_weights
 from .hf import ARCH_DEFAULTS, pack_experts, pack_hf_moe, pack_hf_state_dict, routing_from_hf_config
-from .stages import Workspace, align, expert_down, expert_up
+from .stages import Workspace, align, expert_down, expert_up, quantize_tokens
 
 __all__ = [
-    "fused_moe", "fused_experts", "route", "combine", "MoE", "Workspace", "align", "expert_up",
+    "fused_moe", "fused_experts", "route", "combine", "MoE", "Workspace", "align", "quantize_tokens", "expert_up",
     "expert_down", "plan", "pack_experts", "pack_hf_moe", "pack_hf_state_dict",
-    "routing_from_hf_config", "moe_from_hf",
+    "routing_from_hf_config", "moe_from_hf", "quantize_fp8_weights",
 ]
-
-
-# ---- custom ops -----------------------------------------------------------------------------
-
-# Each layer op comes twice: functional (allocates y) and an out-variant (`*_out`, writes the
-# caller's y, declared mutated), both on one eager body.
-
-def _fused_moe_into(y: Tensor, x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
-                    w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int, renormalize: bool,
-                    scoring_func: str, num_expert_group: int, topk_group: int, routed_scaling_factor: float):
-    T, H = x.shape
-    E, F2 = w13.shape[0], w13.shape[1]
-    p = _plan(T, H, F2 // 2, E, top_k, x.device.index)
-    ws = _workspace(p, x.device)
-    _C.moe_forward(p, _dl(x), _dl(w_gate), _dl(router_logits), _dl(score_bias), _dl(w13), _dl(w2),
-                   _dl(y), _dl(ws), scoring=scoring_func, renormalize=renormalize,
-                   n_group=num_expert_group, topk_group=topk_group,
-                   routed_scaling_factor=routed_scaling_factor, stream=_stream(x.device))
-
-
-@torch.library.custom_op("moekit::fused_moe", mutates_args=())
-def _fused_moe_op(x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
-                  w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int,
-                  renormalize: bool, scoring_func: str, num_expert_group: int, topk_group: int,
-                  routed_scaling_factor: float) -> Tensor:
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _fused_moe_into(y, x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
-                    num_expert_group, topk_group, routed_scaling_factor)
-    return y
-
-
-@_fused_moe_op.register_fake
-def _(x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
-      num_expert_group, topk_group, routed_scaling_factor):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("moekit::fused_moe_out", mutates_args=("y",))
-def _fused_moe_out_op(x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
-                      w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int,
-                      renormalize: bool, scoring_func: str, num_expert_group: int, topk_group: int,
-                      routed_scaling_factor: float, y: Tensor) -> None:
-    _check_no_overlap("fused_moe", "out", y, x=x, w13=w13, w2=w2, router_logits=router_logits, w_gate=w_gate,
-                      e_score_correction_bias=score_bias)
-    _fused_moe_into(y, x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
-                    num_expert_group, topk_group, routed_scaling_factor)
-
-
-@_fused_moe_out_op.register_fake
-def _(x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
-      num_expert_group, topk_group, routed_scaling_factor, y):
-    return None
-
-
-def _fused_experts_into(y: Tensor, x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor):
-    T, H = x.shape
-    E, F2 = w13.shape[0], w13.shape[1]
-    p = _plan(T, H, F2 // 2, E, topk_ids.shape[1], x.device.index)
-    ws = _workspace(p, x.device)
-    _C.experts_forward(p, _dl(x), _dl(w13), _dl(w2), _dl(topk_ids), _dl(topk_weights), _dl(y),
-                       _dl(ws), stream=_stream(x.device))
-
-
-@torch.library.custom_op("moekit::fused_experts", mutates_args=())
-def _fused_experts_op(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor,
-                      topk_ids: Tensor) -> Tensor:
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _fused_experts_into(y, x, w13, w2, topk_weights, topk_ids)
-    return y
-
-
-@_fused_experts_op.register_fake
-def _(x, w13, w2, topk_weights, topk_ids):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("moekit::fused_experts_out", mutates_args=("y",))
-def _fused_experts_out_op(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
-                          y: Tensor) -> None:
-    _check_no_overlap("fused_experts", "out", y, x=x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids)
-    _fused_experts_into(y, x, w13, w2, topk_weights, topk_ids)
-
-
-@_fused_experts_out_op.register_fake
-def _(x, w13, w2, topk_weights, topk_ids, y):
-    return None
-
-
-@torch.library.custom_op("moekit::route", mutates_args=())
-def _route_op(x: Optional[Tensor], w_gate: Optional[Tensor], router_logits: Optional[Tensor],
-              score_bias: Optional[Tensor], top_k: int, renormalize: bool, scoring_func: str,
-              num_expert_group: int, topk_group: int,
-              routed_scaling_factor: float) -> tuple[Tensor, Tensor]:
-    ref = router_logits if router_logits is not None else x
-    T = ref.shape[0]
-    topk_weights = torch.empty((T, top_k), dtype=torch.float32, device=ref.device)
-    topk_ids = torch.empty((T, top_k), dtype=torch.int32, device=ref.device)
-    # Logits from w_gate go through a scratch buffer: computed across many SMs first (same bits).
-    scratch = None if router_logits is not None else \
-        torch.empty((T, w_gate.shape[0]), dtype=torch.float32, device=ref.device)
-    _C.route(_dl(x), _dl(w_gate), _dl(router_logits), _dl(score_bias), _dl(topk_ids), _dl(topk_weights),
-             scoring=scoring_func, renormalize=renormalize, n_group=num_expert_group,
-             topk_group=topk_group, routed_scaling_factor=routed_scaling_factor, logits_scratch=_dl(scratch),
-             stream=_stream(ref.device))
-    return topk_weights, topk_ids
-
-
-@_route_op.register_fake
-def _(x, w_gate, router_logits, score_bias, top_k, renormalize, scoring_func, num_expert_group,
-      topk_group, routed_scaling_factor):
-    ref = router_logits if router_logits is not None else x
-    T = ref.shape[0]
-    return (ref.new_empty((T, top_k), dtype=torch.float32),
-            ref.new_empty((T, top_k), dtype=torch.int32))
-
-
-@torch.library.custom_op("moekit::combine", mutates_args=())
-def _combine_op(y_rows: Tensor, top_k: int) -> Tensor:
-    y = torch.empty((y_rows.shape[0] // top_k, y_rows.shape[1]), dtype=y_rows.dtype, device=y_rows.device)
-    _C.combine(_dl(y_rows), top_k, _dl(y), stream=_stream(y_rows.device))
-    return y
-
-
-@_combine_op.register_fake
-def _(y_rows, top_k):
-    return y_rows.new_empty((y_rows.shape[0] // top_k, y_rows.shape[1]))
 
 
 # ---- the public functions -------------------------------------------------------------------
@@ -168,7 +46,10 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
               routed_scaling_factor: float = 1.0, *, out: Optional[Tensor] = None,
               hidden_states: Optional[Tensor] = None, w1: Optional[Tensor] = None,
               gating_output: Optional[Tensor] = None, topk: Optional[int] = None,
-              use_grouped_topk: Optional[bool] = None) -> Tensor:
+              use_grouped_topk: Optional[bool] = None, use_fp8_w8a8: bool = False,
+              w13_scale: Optional[Tensor] = None, w2_scale: Optional[Tensor] = None,
+              w1_scale: Optional[Tensor] = None, a1_scale: Optional[Tensor] = None,
+              a2_scale: Optional[Tensor] = None, block_shape=None) -> Tensor:
     """One MoE layer: y = Σ_j w_j · FFN_{e_j}(x), routing included.
 
     x [T, H] bf16; w13 [E, 2F, H] bf16 (gate rows, then up rows); w2 [E, H, F] bf16. Routing
@@ -194,11 +75,19 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
 
     Positional arguments follow moekit's order: after gating_output, vLLM's (topk, renormalize)
     go by keyword.
+
+    FP8 (DeepSeek-V3's format, vLLM's flags): use_fp8_w8a8=True with w13/w2 float8_e4m3fn,
+    w1_scale (moekit's name: w13_scale) [E, 2·ceil(F/128), ceil(H/128)] and w2_scale
+    [E, ceil(H/128), ceil(F/128)] float32 block scales (the checkpoint's weight_scale_inv; gate's
+    blocks, then up's), block_shape=[128, 128]. x stays bf16: the library quantizes it per token
+    and 128 columns on the device, so a1_scale/a2_scale (static activation scales) are refused.
+    moekit.quantize_fp8_weights makes this format from bf16 weights; moekit.hf loads it.
     """
     fn = "fused_moe"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
     w13 = _required(fn, "w13", _alias(fn, "w13", w13, "w1", w1), "w1")
     w2 = _required(fn, "w2", w2)
+    w13_scale = _alias(fn, "w13_scale", w13_scale, "w1_scale", w1_scale)
     router_logits = _alias(fn, "router_logits", router_logits, "gating_output", gating_output)
     top_k = _alias(fn, "top_k", top_k, "topk", topk)
     num_expert_group, topk_group = _grouped_topk(fn, use_grouped_topk, num_expert_group, topk_group)
@@ -206,7 +95,7 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
         raise TypeError(f"moekit.{fn}: argument 'w_gate': expected a torch.Tensor, got {type(w_gate).__name__} "
                         "(vLLM's positional (gating_output, topk, renormalize): pass top_k= and renormalize= "
                         "by keyword)")
-    T, H, F, E = _check_experts(fn, x, w13, w2)
+    T, H, F, E = check_fp8_experts(fn, x, w13, w2, use_fp8_w8a8, w13_scale, w2_scale, a1_scale, a2_scale, block_shape)
     _check_router(fn, T, H, E, x, router_logits, w_gate, e_score_correction_bias)
     top_k, n_group, t_group = _check_routing(fn, E, top_k, scoring_func, num_expert_group, topk_group,
                                              routed_scaling_factor)
@@ -214,35 +103,42 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
                   e_score_correction_bias=e_score_correction_bias)
     args = (x, w13, w2, router_logits, w_gate, e_score_correction_bias, top_k, bool(renormalize), scoring_func,
             n_group, t_group, float(routed_scaling_factor))
+    scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
     if out is None:
-        return torch.ops.moekit.fused_moe(*args)
+        return torch.ops.moekit.fused_moe(*args, *scales)
     _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
-    torch.ops.moekit.fused_moe_out(*args, out)
+    torch.ops.moekit.fused_moe_out(*args, out, *scales)
     return out
 
 
 def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Optional[Tensor] = None,
                   topk_weights: Optional[Tensor] = None, topk_ids: Optional[Tensor] = None, *,
                   out: Optional[Tensor] = None, hidden_states: Optional[Tensor] = None,
-                  w1: Optional[Tensor] = None) -> Tensor:
+                  w1: Optional[Tensor] = None, use_fp8_w8a8: bool = False, w13_scale: Optional[Tensor] = None,
+                  w2_scale: Optional[Tensor] = None, w1_scale: Optional[Tensor] = None,
+                  a1_scale: Optional[Tensor] = None, a2_scale: Optional[Tensor] = None,
+                  block_shape=None) -> Tensor:
     """The experts with the routing given (vLLM's argument order): topk_weights [T, k] float32,
     topk_ids [T, k] int32 in [0, E). An id outside is not checked on the host (that would sync):
     align skips it and flags the workspace (Workspace.check_status in the staged API), and the
-    token's output is undefined. `out` and vLLM's names (hidden_states = x, w1 = w13) as in fused_moe."""
+    token's output is undefined. `out`, vLLM's names (hidden_states = x, w1 = w13) and FP8
+    (use_fp8_w8a8, w1_scale, w2_scale, block_shape) as in fused_moe."""
     fn = "fused_experts"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
     w13 = _required(fn, "w13", _alias(fn, "w13", w13, "w1", w1), "w1")
-    T, H, F, E = _check_experts(fn, x, w13, w2)
+    w13_scale = _alias(fn, "w13_scale", w13_scale, "w1_scale", w1_scale)
+    T, H, F, E = check_fp8_experts(fn, x, w13, w2, use_fp8_w8a8, w13_scale, w2_scale, a1_scale, a2_scale, block_shape)
     _check(fn, "topk_ids", topk_ids, (torch.int32,), (("T", T), ("k", None)), x.device)
     k = topk_ids.shape[1]
     if not 1 <= k <= _C.MAX_TOPK:
         _fail(fn, "topk_ids", f"k must be in [1, {_C.MAX_TOPK}], got {k}")
     _check(fn, "topk_weights", topk_weights, (torch.float32,), (("T", T), ("k", k)), x.device)
     _forward_only(fn, x=x, w13=w13, w2=w2, topk_weights=topk_weights)
+    scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
     if out is None:
-        return torch.ops.moekit.fused_experts(x, w13, w2, topk_weights, topk_ids)
+        return torch.ops.moekit.fused_experts(x, w13, w2, topk_weights, topk_ids, *scales)
     _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
-    torch.ops.moekit.fused_experts_out(x, w13, w2, topk_weights, topk_ids, out)
+    torch.ops.moekit.fused_experts_out(x, w13, w2, topk_weights, topk_ids, out, *scales)
     return out
 
 
@@ -382,6 +278,10 @@ def moe_from_hf(layer: torch.nn.Module, config=None, arch: Optional[str] = None,
     over both.
     """
     packed = pack_hf_moe(layer, device=device)
+    if packed["w13_scale"] is not None:
+        _fail("moe_from_hf", "layer", "has FP8 experts (float8_e4m3fn weights with weight_scale_inv), and MoE holds "
+                                      "bf16 ones: run moekit.fused_moe(..., use_fp8_w8a8=True) on "
+                                      "moekit.hf.pack_hf_moe(layer)'s w13, w2, w13_scale and w2_scale")
     arch = arch or getattr(config, "model_type", None) or packed["arch"]
     opts = routing_from_hf_config(config, arch) if config is not None else dict(ARCH_DEFAULTS[arch])
     opts.update(overrides)

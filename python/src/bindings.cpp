@@ -7,6 +7,8 @@
 // against the plan as it does for C++ callers. Kernels are enqueued on the stream the caller
 // passes (an integer cudaStream_t; moekit.torch passes the current torch stream), with the GIL
 // released; nothing here allocates device memory or synchronises (check_status excepted).
+// A plan's precision goes by name, 'bf16' or 'fp8' (DeepSeek-V3's e4m3 weights with FP32 128x128
+// block scales, which the fp8 entries take as w13_scale / w2_scale; docs/design.md, "FP8").
 //
 // Build: `pip install .` (scikit-build-core; python/CMakeLists.txt).
 #include <nanobind/nanobind.h>
@@ -35,6 +37,13 @@ Scoring parse_scoring(const char* fn, const std::string& s) {
   if (s == "softmax") return Scoring::softmax;
   if (s == "sigmoid") return Scoring::sigmoid;
   fail(fn, "scoring", "expected 'softmax' or 'sigmoid', got '" + s + "'");
+}
+
+// The precision of the expert GEMMs, by name (include/moekit/moe.hpp, Precision).
+Precision parse_precision(const char* fn, const std::string& s) {
+  if (s == "bf16") return Precision::bf16;
+  if (s == "fp8") return Precision::fp8;
+  fail(fn, "precision", "expected 'bf16' or 'fp8', got '" + s + "'");
 }
 
 RouterOptions router_options(const char* fn, const std::string& scoring, bool renormalize, int64_t n_group,
@@ -86,15 +95,16 @@ const DeviceInfo& device_info(const char* fn, int device) {
 }
 
 ForwardPlan plan_forward_py(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t topk,
-                            nb::handle device) {
+                            nb::handle device, const std::string& precision) {
   const MoeShape shape{tokens, hidden, inter, experts, topk};
-  if (nb::isinstance<DeviceInfo>(device)) return plan_forward(shape, nb::cast<const DeviceInfo&>(device));
+  const Precision p = parse_precision("plan_forward", precision);
+  if (nb::isinstance<DeviceInfo>(device)) return plan_forward(shape, nb::cast<const DeviceInfo&>(device), p);
   int index = -1;
   if (!device.is_none()) {
     if (!nb::try_cast(device, index))
       throw nb::type_error("moekit.plan_forward: argument 'device': expected None, a device index or a moekit.DeviceInfo");
   }
-  return plan_forward(shape, device_info("plan_forward", index));
+  return plan_forward(shape, device_info("plan_forward", index), p);
 }
 
 // Offsets (bytes), dtypes and shapes of the workspace's tensors, for views on the Python side.
@@ -114,6 +124,9 @@ nb::dict workspace_layout(const ForwardPlan& plan) {
   add("num_rows_padded", ws.num_rows_padded);
   add("expert_counts", ws.expert_counts);
   add("act", ws.act);
+  if (ws.act_scale.given()) add("act_scale", ws.act_scale);  // fp8 plans: act's and x's quantization
+  if (ws.x_q.given()) add("x_q", ws.x_q);
+  if (ws.x_scale.given()) add("x_scale", ws.x_scale);
   add("y_rows", ws.y_rows);
   if (ws.y_partials.given()) add("y_partials", ws.y_partials);
   add("status", ws.status);
@@ -132,6 +145,7 @@ NB_MODULE(_moekit, m) {
   m.attr("__version__") = MOEKIT_VERSION;
   m.attr("MAX_EXPERTS") = kMaxExperts;
   m.attr("MAX_TOPK") = kMaxTopk;
+  m.attr("FP8_BLOCK") = kFp8Block;
 
   nb::exception<Error>(m, "Error", PyExc_ValueError);
   nb::exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
@@ -168,6 +182,8 @@ NB_MODULE(_moekit, m) {
       .def_prop_ro("inter", [](const ForwardPlan& p) { return p.shape.inter; })
       .def_prop_ro("experts", [](const ForwardPlan& p) { return p.shape.experts; })
       .def_prop_ro("topk", [](const ForwardPlan& p) { return p.shape.topk; })
+      .def_prop_ro("precision", [](const ForwardPlan& p) { return std::string(precision_name(p.precision())); },
+                   "'bf16' or 'fp8': the precision of the expert GEMMs")
       .def_prop_ro("block_m", &ForwardPlan::block_m)
       .def_prop_ro("max_rows", &ForwardPlan::max_rows)
       .def_prop_ro("max_blocks", &ForwardPlan::max_blocks)
@@ -184,15 +200,20 @@ NB_MODULE(_moekit, m) {
       .def("__repr__", [](const ForwardPlan& p) { return "moekit.Plan(" + p.str() + ")"; });
 
   m.def("plan_forward", &plan_forward_py, "tokens"_a, "hidden"_a, "inter"_a, "experts"_a, "topk"_a, nb::kw_only(),
-        "device"_a = nb::none(),
+        "device"_a = nb::none(), "precision"_a = "bf16",
         "Validates the shape and picks tile configs for it. device: None (the current GPU), a device index, "
-        "or a moekit.DeviceInfo (plans without a GPU).");
+        "or a moekit.DeviceInfo (plans without a GPU). precision: 'bf16', or 'fp8' (DeepSeek-V3's e4m3 "
+        "weights with 128x128 block scales; H and F multiples of 16).");
 
-  m.def("compiled_gemm_configs", [] {
-    std::vector<std::string> out;
-    for (const GemmConfig& c : compiled_gemm_configs()) out.push_back(c.str());
-    return out;
-  });
+  m.def(
+      "compiled_gemm_configs",
+      [](const std::string& precision) {
+        std::vector<std::string> out;
+        for (const GemmConfig& c : compiled_gemm_configs(parse_precision("compiled_gemm_configs", precision)))
+          out.push_back(c.str());
+        return out;
+      },
+      "precision"_a = "bf16");
 
   // ---- stages ---------------------------------------------------------------------------------
   m.def(
@@ -220,6 +241,29 @@ NB_MODULE(_moekit, m) {
       "within 2^-12*sum|x*w| of FP32; f32 w_gate: the same bits as without it).");
 
   m.def(
+      "quantize_tokens",
+      [](const ForwardPlan& plan, nb::handle x, nb::handle workspace, uintptr_t stream) {
+        Call c("quantize_tokens");
+        const Tensor tx = c.in("x", x);
+        const Workspace ws = c.workspace(plan, workspace).ws;
+        launch_on_device(c, [&] { moekit::quantize_tokens(plan, tx, ws, as_stream(stream)); });
+      },
+      "plan"_a, "x"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
+      "Stage 1b of fp8 plans: x [T,H] bf16 -> the workspace's x_q [T,H] e4m3 and x_scale [T,ceil(H/128)] f32, "
+      "per token and 128 columns (amax / 448).");
+
+  m.def(
+      "quantize_weights",
+      [](nb::handle w, nb::handle q, nb::handle scale, uintptr_t stream) {
+        Call c("quantize_weights");
+        const Tensor tw = c.in("w", w), tq = c.out("q", q), ts = c.out("scale", scale);
+        launch_on_device(c, [&] { moekit::quantize_weights(tw, tq, ts, as_stream(stream)); });
+      },
+      "w"_a.none(), "q"_a.none(), "scale"_a.none(), nb::kw_only(), "stream"_a = 0,
+      "bf16 weights to DeepSeek-V3's FP8 format: w [P,R,C] bf16 (w13 [E,2F,H] as [2E,F,H]) -> q [P,R,C] e4m3 "
+      "and scale [P,ceil(R/128),ceil(C/128)] f32, per 128x128 block (amax / 448; scale dequantizes).");
+
+  m.def(
       "align",
       [](const ForwardPlan& plan, nb::handle topk_ids, nb::handle workspace, uintptr_t stream) {
         Call c("align");
@@ -232,25 +276,33 @@ NB_MODULE(_moekit, m) {
 
   m.def(
       "expert_up",
-      [](const ForwardPlan& plan, nb::handle x, nb::handle w13, nb::handle workspace, uintptr_t stream) {
+      [](const ForwardPlan& plan, nb::handle x, nb::handle w13, nb::handle workspace, nb::handle w13_scale,
+         uintptr_t stream) {
         Call c("expert_up");
         const Tensor tx = c.in("x", x), tw = c.in("w13", w13);
+        const Tensor ts = c.in_opt("w13_scale", w13_scale);
         const Workspace ws = c.workspace(plan, workspace).ws;
-        launch_on_device(c, [&] { moekit::expert_up(plan, tx, tw, ws, as_stream(stream)); });
+        launch_on_device(c, [&] { moekit::expert_up(plan, tx, tw, ws, as_stream(stream), ts); });
       },
-      "plan"_a, "x"_a.none(), "w13"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
-      "Stage 3: act = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) per sorted row, in the workspace.");
+      "plan"_a, "x"_a.none(), "w13"_a.none(), "workspace"_a.none(), nb::kw_only(), "w13_scale"_a.none() = nb::none(),
+      "stream"_a = 0,
+      "Stage 3: act = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) per sorted row, in the workspace. fp8 plans: x is the "
+      "workspace's x_q (quantize_tokens), w13 e4m3 with w13_scale [E,2·ceil(F/128),ceil(H/128)] f32.");
 
   m.def(
       "expert_down",
-      [](const ForwardPlan& plan, nb::handle w2, nb::handle topk_weights, nb::handle workspace, uintptr_t stream) {
+      [](const ForwardPlan& plan, nb::handle w2, nb::handle topk_weights, nb::handle workspace, nb::handle w2_scale,
+         uintptr_t stream) {
         Call c("expert_down");
         const Tensor tw = c.in("w2", w2), wts = c.in("topk_weights", topk_weights);
+        const Tensor ts = c.in_opt("w2_scale", w2_scale);
         const Workspace ws = c.workspace(plan, workspace).ws;
-        launch_on_device(c, [&] { moekit::expert_down(plan, tw, wts, ws, as_stream(stream)); });
+        launch_on_device(c, [&] { moekit::expert_down(plan, tw, wts, ws, as_stream(stream), ts); });
       },
-      "plan"_a, "w2"_a.none(), "topk_weights"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
-      "Stage 4: y_rows[a] = topk_weights[a] · act·W2ᵀ, in the workspace.");
+      "plan"_a, "w2"_a.none(), "topk_weights"_a.none(), "workspace"_a.none(), nb::kw_only(),
+      "w2_scale"_a.none() = nb::none(), "stream"_a = 0,
+      "Stage 4: y_rows[a] = topk_weights[a] · act·W2ᵀ, in the workspace. fp8 plans: w2 e4m3 with w2_scale "
+      "[E,ceil(H/128),ceil(F/128)] f32.");
 
   m.def(
       "combine",
@@ -276,7 +328,8 @@ NB_MODULE(_moekit, m) {
       "moe_forward",
       [](const ForwardPlan& plan, nb::handle x, nb::handle w_gate, nb::handle router_logits, nb::handle score_bias,
          nb::handle w13, nb::handle w2, nb::handle y, nb::handle workspace, const std::string& scoring,
-         bool renormalize, int64_t n_group, int64_t topk_group, double routed_scaling_factor, uintptr_t stream) {
+         bool renormalize, int64_t n_group, int64_t topk_group, double routed_scaling_factor, nb::handle w13_scale,
+         nb::handle w2_scale, uintptr_t stream) {
         Call c("moe_forward");
         MoeInputs in;
         in.x = c.in("x", x);
@@ -285,6 +338,8 @@ NB_MODULE(_moekit, m) {
         in.score_bias = c.in_opt("score_bias", score_bias);
         in.w13 = c.in("w13", w13);
         in.w2 = c.in("w2", w2);
+        in.w13_scale = c.in_opt("w13_scale", w13_scale);
+        in.w2_scale = c.in_opt("w2_scale", w2_scale);
         const Tensor ty = c.out("y", y);
         const Call::WorkspaceArg w = c.workspace(plan, workspace);
         const RouterOptions o =
@@ -293,24 +348,31 @@ NB_MODULE(_moekit, m) {
       },
       "plan"_a, "x"_a.none(), "w_gate"_a.none(), "router_logits"_a.none(), "score_bias"_a.none(), "w13"_a.none(), "w2"_a.none(), "y"_a.none(),
       "workspace"_a.none(), nb::kw_only(), "scoring"_a = "softmax", "renormalize"_a = false, "n_group"_a = 0,
-      "topk_group"_a = 0, "routed_scaling_factor"_a = 1.0, "stream"_a = 0,
-      "The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16.");
+      "topk_group"_a = 0, "routed_scaling_factor"_a = 1.0, "w13_scale"_a.none() = nb::none(),
+      "w2_scale"_a.none() = nb::none(), "stream"_a = 0,
+      "The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16. fp8 plans: w13/w2 e4m3 with "
+      "their block scales w13_scale/w2_scale f32 (x is quantized on the device).");
 
   m.def(
       "experts_forward",
       [](const ForwardPlan& plan, nb::handle x, nb::handle w13, nb::handle w2, nb::handle topk_ids,
-         nb::handle topk_weights, nb::handle y, nb::handle workspace, uintptr_t stream) {
+         nb::handle topk_weights, nb::handle y, nb::handle workspace, nb::handle w13_scale, nb::handle w2_scale,
+         uintptr_t stream) {
         Call c("experts_forward");
         const Tensor tx = c.in("x", x), t13 = c.in("w13", w13), t2 = c.in("w2", w2);
+        const Tensor s13 = c.in_opt("w13_scale", w13_scale), s2 = c.in_opt("w2_scale", w2_scale);
         const Tensor ids = c.in("topk_ids", topk_ids), wts = c.in("topk_weights", topk_weights);
         const Tensor ty = c.out("y", y);
         const Call::WorkspaceArg w = c.workspace(plan, workspace);
         launch_on_device(c, [&] {
-          moekit::experts_forward(plan, tx, t13, t2, ids, wts, ty, w.base, w.bytes, as_stream(stream));
+          moekit::experts_forward(plan, tx, ExpertWeights{t13, t2, s13, s2}, ids, wts, ty, w.base, w.bytes,
+                                  as_stream(stream));
         });
       },
       "plan"_a, "x"_a.none(), "w13"_a.none(), "w2"_a.none(), "topk_ids"_a.none(), "topk_weights"_a.none(), "y"_a.none(), "workspace"_a.none(), nb::kw_only(),
-      "stream"_a = 0, "Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32).");
+      "w13_scale"_a.none() = nb::none(), "w2_scale"_a.none() = nb::none(), "stream"_a = 0,
+      "Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32); fp8 plans: the weights' "
+      "block scales as in moe_forward.");
 
   m.def(
       "check_status",

@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import moekit  # noqa: E402
 import moekit.torch  # noqa: E402,F401  registers torch.ops.moekit.*
 
 from gpu_util import poisoned, randn, small_layer  # noqa: E402
@@ -30,7 +31,8 @@ def routed(w, x):
 
 @pytest.fixture(scope="module")
 def cases(w):
-    """{name: (op, args)}: every op, its routing options varied (plain; grouped, sigmoid, biased, scaled)."""
+    """{name: (op, args)}: every op, its routing options varied (plain; grouped, sigmoid, biased, scaled),
+    the layer ops also with FP8 experts (e4m3 weights and their block scales as trailing arguments)."""
     x = randn(T, H, seed=1)
     logits = randn(T, E, seed=2, dtype=torch.float32)
     bias = randn(E, seed=3, dtype=torch.float32, std=0.1)
@@ -38,12 +40,18 @@ def cases(w):
     grouped = (K, True, "sigmoid", 4, 2, 2.5)
     topk_w, topk_ids = routed(w, x)
     layer = (x, w["w13"], w["w2"])
+    q13, s13, q2, s2 = moekit.quantize_fp8_weights(w["w13"], w["w2"])
+    fp8, scales = (x, q13, q2), (s13, s2)
     return {
         "fused_moe w_gate": (ops.fused_moe, layer + (None, w["w_gate"], None) + plain),
         "fused_moe logits grouped": (ops.fused_moe, layer + (logits, None, bias) + grouped),
         "fused_moe_out": (ops.fused_moe_out, layer + (None, w["w_gate"], None) + plain + (poisoned(T, H),)),
         "fused_experts": (ops.fused_experts, layer + (topk_w, topk_ids)),
         "fused_experts_out": (ops.fused_experts_out, layer + (topk_w, topk_ids, poisoned(T, H))),
+        "fused_moe fp8": (ops.fused_moe, fp8 + (None, w["w_gate"], None) + plain + scales),
+        "fused_moe_out fp8": (ops.fused_moe_out, fp8 + (logits, None, bias) + grouped + (poisoned(T, H),) + scales),
+        "fused_experts fp8": (ops.fused_experts, fp8 + (topk_w, topk_ids) + scales),
+        "fused_experts_out fp8": (ops.fused_experts_out, fp8 + (topk_w, topk_ids, poisoned(T, H)) + scales),
         "route x w_gate": (ops.route, (x, w["w_gate"], None, None) + plain),
         "route logits grouped": (ops.route, (None, None, logits, bias) + grouped),
         "combine": (ops.combine, (randn(T * K, H, seed=4), K)),
@@ -51,6 +59,7 @@ def cases(w):
 
 
 CASES = ["fused_moe w_gate", "fused_moe logits grouped", "fused_moe_out", "fused_experts", "fused_experts_out",
+         "fused_moe fp8", "fused_moe_out fp8", "fused_experts fp8", "fused_experts_out fp8",
          "route x w_gate", "route logits grouped", "combine"]
 
 

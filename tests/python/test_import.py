@@ -3,6 +3,9 @@ the DLPack boundary (NumPy arrays, or buffer-protocol arrays from the standard l
 import array
 import ctypes
 import importlib.util
+import math
+import subprocess
+import sys
 
 import pytest
 
@@ -169,6 +172,15 @@ def test_missing_and_foreign_arguments_name_the_argument(h200):
         moekit.route(None, None, host_array(), None, host_array(code="i"), host_array())
 
 
+def test_torch_names_in_a_fresh_interpreter():
+    """moekit.fused_moe imports moekit.torch on first use; in a fresh interpreter (no test module
+    imported it before) that first use is what runs."""
+    script = "import moekit; moekit.fused_moe; moekit.torch.fused_experts" if importlib.util.find_spec("torch") \
+        else "import moekit\ntry:\n    moekit.fused_moe\nexcept ImportError:\n    pass"
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_torch_names_need_torch():
     if importlib.util.find_spec("torch") is not None:
         assert callable(moekit.fused_moe)
@@ -183,7 +195,7 @@ def test_binding_checks_dtype_and_strides_before_the_device():
     """What is wrong with an array itself is reported on any machine, naming the argument."""
     np = pytest.importorskip("numpy")
     y = np.zeros((4, 8), np.float32)
-    with pytest.raises(moekit.Error, match=r"combine: argument 'y_rows': expected dtype bf16, f32 or i32 .*got float64"):
+    with pytest.raises(moekit.Error, match=r"combine: argument 'y_rows': expected dtype bf16, f32, i32 or e4m3 .*got float64"):
         moekit.combine(np.zeros((8, 8)), 2, y)
     with pytest.raises(moekit.Error, match=r"combine: argument 'y_rows': must be contiguous \(row-major\): shape "
                                            r"\[8, 8\] has strides \[16, 2\]"):
@@ -206,3 +218,54 @@ def test_binding_refuses_arrays_on_two_devices(h200):
     x, w13 = cuda_capsule(3, (4, 64), keep), cuda_capsule(2, (4, 128, 64), keep)
     with pytest.raises(moekit.Error, match="expert_up: argument 'w13': is on CUDA device 2 but 'x' is on CUDA device 3"):
         moekit.expert_up(p, x, w13, cuda_capsule(3, (p.workspace_bytes // 4,), keep))
+
+
+def test_fp8_plans_and_their_workspace(h200):
+    """Planning FP8 (DeepSeek-V3's format) needs no GPU: the plan names its precision, its GEMM
+    configs are FP8 ones, and its workspace holds the quantized tokens and activations."""
+    T, H, F, E, k = 33, 2048, 784, 16, 4  # F = 6·128 + 16: a partial last block
+    p = moekit.plan_forward(T, H, F, E, k, device=h200, precision="fp8")
+    assert p.precision == "fp8" and moekit.plan_forward(T, H, F, E, k, device=h200).precision == "bf16"
+    assert moekit.FP8_BLOCK == 128
+    assert p.up in moekit.compiled_gemm_configs("fp8") and p.up not in moekit.compiled_gemm_configs()
+    layout = p.workspace_layout()
+    assert layout["x_q"][1:] == ("e4m3", [T, H]) and layout["x_scale"][1:] == ("f32", [T, H // 128])
+    assert layout["act"][1:] == ("e4m3", [p.max_rows, F]) and layout["act_scale"][1:] == ("f32", [p.max_rows, 7])
+    sizes = {"bf16": 2, "f32": 4, "i32": 4, "e4m3": 1}
+    spans = sorted((off, off + sizes[dt] * math.prod(shape)) for off, dt, shape in layout.values())
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and spans[-1][1] <= p.workspace_bytes
+    assert not {"x_q", "x_scale", "act_scale"} & set(moekit.plan_forward(T, H, F, E, k, device=h200).workspace_layout())
+
+
+@pytest.mark.parametrize("args, arg, match", [
+    ((8, 2056, 1024, 8, 2), "shape.hidden", "must be a multiple of 16 for fp8"),
+    ((8, 2048, 1000, 8, 2), "shape.inter", "must be a multiple of 16 for fp8"),
+])
+def test_fp8_plan_errors_name_the_argument(h200, args, arg, match):
+    with pytest.raises(moekit.Error, match=f"argument '{arg}': {match}"):
+        moekit.plan_forward(*args, device=h200, precision="fp8")
+    moekit.plan_forward(*args, device=h200)  # bf16 takes the shape
+
+
+def test_precision_names_are_checked(h200):
+    with pytest.raises(moekit.Error, match="plan_forward: argument 'precision': expected 'bf16' or 'fp8', got 'fp16'"):
+        moekit.plan_forward(8, 2048, 1024, 8, 2, device=h200, precision="fp16")
+    with pytest.raises(moekit.Error, match="compiled_gemm_configs: argument 'precision'"):
+        moekit.compiled_gemm_configs("e4m3")
+
+
+def test_fp8_entries_check_their_arguments_on_any_machine(h200):
+    """The FP8 entries convert their arrays at the boundary like the others (quantize_weights: no plan)."""
+    np = pytest.importorskip("numpy")
+    with pytest.raises(moekit.Error, match="quantize_weights: argument 'w': expected a CUDA device array"):
+        moekit.quantize_weights(np.zeros((2, 128, 128), np.float32), None, None)
+    p = moekit.plan_forward(4, 64, 64, 4, 2, device=h200, precision="fp8")
+    with pytest.raises(moekit.Error, match="quantize_tokens: argument 'x': expected a CUDA device array"):
+        moekit.quantize_tokens(p, host_array(), host_array(code="B"))
+    keep = []  # x, w13, w2 said to be on CUDA (no data: the scales fail before any launch)
+    x, w13, w2 = (cuda_capsule(0, shape, keep) for shape in ((4, 64), (4, 128, 64), (4, 64, 64)))
+    with pytest.raises(moekit.Error, match="experts_forward: argument 'w13_scale': expected dtype .*got float64"):
+        moekit.experts_forward(p, x, w13, w2, None, None, None, None, w13_scale=np.zeros(4))
+    with pytest.raises(moekit.Error, match="expert_down: argument 'w2_scale': must be contiguous"):
+        moekit.expert_down(p, cuda_capsule(0, (4, 64, 64), keep), cuda_capsule(0, (4, 2), keep), None,
+                           w2_scale=np.zeros((4, 8), np.float32)[:, ::2])

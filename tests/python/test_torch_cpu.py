@@ -318,7 +318,7 @@ def test_binding_reads_torch_capsules():
         moekit.combine(to_dlpack(y_rows), 2, to_dlpack(torch.zeros(4, H, dtype=bf16)))
     with pytest.raises(moekit.Error, match="combine: argument 'y_rows': must be contiguous"):
         moekit.combine(to_dlpack(torch.zeros(H, 8, dtype=bf16).t()), 2, to_dlpack(torch.zeros(4, H, dtype=bf16)))
-    with pytest.raises(moekit.Error, match="argument 'y_rows': expected dtype bf16, f32 or i32 .*got float16"):
+    with pytest.raises(moekit.Error, match="argument 'y_rows': expected dtype bf16, f32, i32 or e4m3 .*got float16"):
         moekit.combine(to_dlpack(y_rows.half()), 2, None)
     with pytest.raises(moekit.Error, match="argument 'y_rows': expected a CUDA"):  # requires_grad is no obstacle
         moekit.combine(to_dlpack(torch.zeros(8, H, requires_grad=True)), 2, None)
@@ -335,7 +335,7 @@ def test_cached_plans_do_not_outlive_the_interpreter():
 
         # Plans for an H200 on any machine: what is checked is the cache, not the device.
         plan_forward, h200 = C.plan_forward, C.DeviceInfo(**{H200!r})
-        C.plan_forward = lambda *shape, device=None: plan_forward(*shape, device=h200)
+        C.plan_forward = lambda *shape, device=None, **kw: plan_forward(*shape, device=h200, **kw)
         for tokens in (1, 16, 256):
             _plan(tokens, 1024, 512, 16, 4, 0)
         assert _plan.cache_info().currsize == 3
