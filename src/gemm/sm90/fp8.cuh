@@ -8,12 +8,7 @@
 // a_scale(row) · b_scale(block). With 128 accumulators (the 64 x 256 tile of a warpgroup) and 216
 // registers there is room for one 64 x 128 sum at a time: a stage is two halves — B rows 0-127
 // (Up: gate) and 128-255 (Up: up), each with its own B scale — each multiplied (4 x m64n128k32),
-// waited for and promoted.
-//
-// The two consumer warpgroups take turns to issue their halves (IssueTurns): warpgroup 0 issues,
-// then 1, then 0 ... so the tensor cores run one warpgroup's half while the other promotes. Issued
-// at will, both warpgroups wait on the same stage and issue together; their wgmmas then share the
-// tensor cores, finish together and both promote while the tensor cores idle.
+// waited for and promoted. The other consumer warpgroup's wgmma runs while this one promotes.
 #pragma once
 
 #include <cstdint>
@@ -30,43 +25,18 @@ namespace moekit::kernels::gemm::sm90 {
 inline constexpr int kHalfAccs = 64;                          // one m64n128 sum per thread
 inline constexpr uint32_t kHalfBBytes = 128 * kRowBytes;      // B rows 128..255 of a stage
 
-// The consumer warpgroups' alternation of wgmma issues, on named barriers 1 (warpgroup 0 may
-// issue) and 2 (warpgroup 1 may issue). Warpgroup 0: wait on 1, issue, arrive on 2. Warpgroup 1:
-// arrive on 1 (warpgroup 0 may issue its next), wait on 2, issue — it lets warpgroup 0 go just
-// before its own issue, hundreds of cycles before warpgroup 0 (waiting for and promoting its own
-// half) gets there. Each barrier sees one sync and one arrival per turn of each warpgroup, and
-// both warpgroups take the same items, so the barriers stay balanced with no turn left over.
-struct IssueTurns {
-  static constexpr int kThreads = kConsumerThreads;  // both warpgroups on each barrier
-  int wg;
-  __device__ __forceinline__ void before_issue() const {
-    if (wg == 0) {
-      ptx::named_bar_sync<1, kThreads>();
-    } else {
-      ptx::named_bar_arrive<1, kThreads>();
-      ptx::named_bar_sync<2, kThreads>();
-    }
-  }
-  __device__ __forceinline__ void after_issue() const {
-    if (wg == 0) ptx::named_bar_arrive<2, kThreads>();
-  }
-};
-
-// acc = Σ over K blocks of (A·Bᵀ of the block) · a_scale · b_scale, for this warpgroup's 64 rows
-// (the A scales of this thread's two rows: acc_row of v % 4 = 0 and 2).
+// acc = Σ over K blocks of (A·Bᵀ of the block) · a_scale · b_scale, for this warpgroup's 64 rows;
+// `rows` are this thread's two tile rows (acc_row of v % 4 = 0 and 2), for their A scales.
 template <class Cfg, class Hook>
 __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                              uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
-                                             bool live, const IssueTurns& turns,
-                                             Hook&& after_first_step) {
+                                             bool live, const int (&rows)[2], Hook&& after_first_step) {
   static_assert(Cfg::kAccs == 2 * kHalfAccs, "two n128 halves");
-  if (!live) {  // no rows: only the stages' releases and the turns
+  if (!live) {
     after_first_step();
     for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
       ptx::mbar_wait(sm.full(pipe.stage), pipe.phase);
       __syncwarp();
-#pragma unroll
-      for (int half = 0; half < 2; ++half) turns.before_issue(), turns.after_issue();
       if (lane == 0) ptx::mbar_arrive(sm.empty(pipe.stage));
     }
     return;
@@ -80,16 +50,13 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
     __syncwarp();
     ptx::fence_proxy_async_smem();  // A rows landed through cp.async; wgmma reads them asynchronously
     const uint32_t sc = sm.scales(stage);
-    // This thread's two tile rows, recomputed here: a value held across the loop costs a register.
-    const int row0 = int(threadIdx.x) / 128 * kWgmmaM + acc_row((int(threadIdx.x) / 32) % 4, lane, 0);
-    const float sa[2] = {ptx::ld_shared_f32(sc + uint32_t(row0) * 4), ptx::ld_shared_f32(sc + uint32_t(row0 + 8) * 4)};
+    const float sa[2] = {ptx::ld_shared_f32(sc + uint32_t(rows[0]) * 4), ptx::ld_shared_f32(sc + uint32_t(rows[1]) * 4)};
     const float sb[2] = {ptx::ld_shared_f32(sc + Cfg::kScaleB * 4), ptx::ld_shared_f32(sc + (Cfg::kScaleB + 1) * 4)};
     const uint64_t desc_a = desc_advance(desc_a0, stage * Cfg::kABytes);
     const uint64_t desc_b = desc_advance(desc_b0, stage * Cfg::kBBytes);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       ptx::fence_operands(part);
-      turns.before_issue();
       ptx::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
@@ -98,7 +65,6 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
                                    desc_advance(desc_b, half * kHalfBBytes + k_bytes), kk > 0);
       }
       ptx::wgmma_commit();
-      turns.after_issue();
       ptx::wgmma_wait<0>();
       ptx::fence_operands(part);
       if (half == 1 && lane == 0) ptx::mbar_arrive(sm.empty(stage));  // both halves read the stage
@@ -163,21 +129,6 @@ struct Fp8UpEpilogue {
       if (row_ok && n_hi < p.n_dim) *reinterpret_cast<uint2*>(out + n_hi) = hi8;
     }
     if (row_ok && q == 0) p.out_scale[int64_t(out_row) * ((p.n_dim + 127) / 128) + n0 / 128] = s.scale;
-  }
-};
-
-// Down, FP8: the bf16 epilogue, with the routing weights loaded at the store instead of under the
-// first k-step: held across the promoting mainloop (acc, the half's sums, the scales) they pushed
-// the consumers past their 216 registers into spills; one L2 round trip per tile (~1k cycles of
-// a DeepSeek-V3 tile's ~80k) costs less.
-template <class Cfg>
-struct Fp8DownEpilogue : Epilogue<Mode::Down, Cfg> {
-  using Base = Epilogue<Mode::Down, Cfg>;
-  __device__ __forceinline__ void load_row_data(const Params&, const int32_t (&)[2]) {}
-  __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
-                                        int32_t out_row, int32_t n0, int lane) {
-    Base::weights[h] = id < p.num_assign ? p.topk_weights[id] : 0.0f;
-    Base::store(p, acc, h, id, out_row, n0, lane);
   }
 };
 

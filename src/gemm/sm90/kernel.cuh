@@ -30,8 +30,7 @@ namespace moekit::kernels::gemm::sm90 {
 
 // The epilogue of a mode and precision: FP8 up quantizes act; the rest store bf16.
 template <Mode M, class Cfg>
-using EpilogueOf = std::conditional_t<!Cfg::kFp8, Epilogue<M, Cfg>,
-                                      std::conditional_t<M == Mode::Up, Fp8UpEpilogue<Cfg>, Fp8DownEpilogue<Cfg>>>;
+using EpilogueOf = std::conditional_t<Cfg::kFp8 && M == Mode::Up, Fp8UpEpilogue<Cfg>, Epilogue<M, Cfg>>;
 
 // A consumer warpgroup: the tiles of the channel, one after another — mainloop, then epilogue.
 template <Mode M, class Cfg>
@@ -61,7 +60,6 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
 
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
-  const IssueTurns turns{wg};  // fp8: the warpgroups alternate their wgmma issues
   Item it = take_item(sm, ring, lane);
   int32_t ids[2] = {0, 0};
   if (it.item < items) load_ids(it.item, ids);
@@ -72,7 +70,8 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     EpilogueOf<M, Cfg> epi;
     auto hook = [&] { epi.load_row_data(p, ids); };
     if constexpr (Cfg::kFp8) {
-      mma_tile_fp8<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, turns, hook);
+      const int rows[2] = {wg * kWgmmaM + acc_row(warp, lane, 0), wg * kWgmmaM + acc_row(warp, lane, 2)};
+      mma_tile_fp8<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
     } else {
       mma_tile<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, hook);
     }

@@ -109,18 +109,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// ---- named barriers (id 0 is __syncthreads) -----------------------------------------------------
-// Waits until kThreads threads (a multiple of 32, counting this warp's) have arrived on kId.
-template <int kId, int kThreads>
-__device__ __forceinline__ void named_bar_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads));
-}
-// Arrives on kId without waiting.
-template <int kId, int kThreads>
-__device__ __forceinline__ void named_bar_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads));
-}
-
 // ---- register reallocation (sm_90a) --------------------------------------------------------------
 template <int kRegs>
 __device__ __forceinline__ void setmaxnreg_dec() {
