@@ -61,8 +61,33 @@ struct Fp8Check {
   std::string summary;
 };
 
-// The finished forward (ws, y) on FP8 copy 0 against the oracles on sampled tokens; only the
-// experts those tokens use are copied to the host.
+// The check of FP8 forwards of one (layer, T, x) in two halves, as ForwardOracle (bench.hpp) is
+// for bf16: the constructor reads the routing and the quantized tokens of a finished forward on
+// FP8 copy 0 and computes, for sampled tokens (0, T-1 and evenly spaced between), y in double on
+// the same quantized values (ref::moe_tokens_fp8) and on the unquantized bf16 layer
+// (ref::moe_tokens) — the costly part, with the used experts copied to the host. check() then
+// compares one finished forward of any fp8 plan: fidelity within kFp8FidelityTol, calc_diff below
+// kFp8LayerCalcDiffMax, and its routing and quantized x bitwise those the oracles were computed
+// from (neither depends on the plan). Synchronises `stream`.
+class Fp8Oracle {
+ public:
+  Fp8Oracle(const GpuLayer& layer, const Fp8Weights& fp8, const MoeShape& shape, const Workspace& ws, const Tensor& x,
+            int check_tokens, cudaStream_t stream);
+  Fp8Check check(const Workspace& ws, const Tensor& y, cudaStream_t stream) const;
+  std::vector<int32_t> touched_experts() const;  // experts with >= 1 assignment, ascending
+
+ private:
+  MoeShape shape_;
+  std::vector<int32_t> topk_ids_;  // [T, k] of the run the oracles read
+  std::vector<float> topk_w_;      // [T, k]
+  std::vector<uint8_t> x_q_;       // [T, H] e4m3 bits
+  std::vector<float> x_scale_;     // [T, ceil(H/128)]
+  std::vector<int64_t> tokens_;    // sampled tokens, ascending
+  size_t experts_used_ = 0;        // experts of the sampled tokens (copied to the host)
+  std::vector<double> y_fid_, y_unq_;  // [tokens, H]: the two oracles' y
+};
+
+// One forward's check: Fp8Oracle(...).check(ws, y), for `moekit bench --dtype fp8`.
 Fp8Check check_fp8(const GpuLayer& layer, const Fp8Weights& fp8, const ForwardPlan& plan, const Workspace& ws,
                    const Tensor& x, const Tensor& y, int check_tokens, cudaStream_t stream);
 
