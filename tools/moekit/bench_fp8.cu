@@ -72,8 +72,7 @@ bool bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   for (int64_t e = 0; e < E; ++e)
     if (chk.expert_counts[size_t(e)] > 0) touched.push_back(int32_t(e));
   // Copies for L2 rotation, sized for the FP8 down weights (the smallest stage's bytes).
-  const int64_t smallest = int64_t(touched.size()) * H * F, rotate = kRotateL2Multiple * cx.dev.l2_bytes;
-  const int want = smallest >= rotate ? 1 : int(std::min<int64_t>(kMaxWeightCopies, (rotate + smallest - 1) / smallest));
+  const int want = rotation_copies_wanted(int64_t(touched.size()) * H * F, cx.dev.l2_bytes);
   const int copies = std::min(want, cx.fp8.ensure(want, kKeepFreeBytes, s));
   const std::string rotation = copies > 1 ? "rotating " + std::to_string(copies) + " fp8 weight copies" : "";
 
