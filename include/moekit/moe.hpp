@@ -131,7 +131,8 @@ struct ForwardPlan {
 
 // Validates the shape (clear errors) and picks the configs for it on this device: from the
 // measured table of this device (configs/*.json, compiled in; DeviceInfo::name matched exactly)
-// when one has a bucket for the shape, else from plan_forward_heuristic.
+// when one has a bucket for the shape in `precision` (moekit/tuning.hpp), else from
+// plan_forward_heuristic.
 // FP8 plans need H and F multiples of 16 (16-byte rows of e4m3).
 ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device, Precision precision = Precision::bf16);
 // The rule that serves shapes with no table: tile rows from rows per expert, split-K by occupancy.

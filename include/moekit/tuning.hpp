@@ -6,6 +6,13 @@
 // The library never parses JSON at run time: cmake/tuning_tables.cmake compiles every
 // configs/*.json in at configure time, and plan_forward looks a shape up in that table before its
 // heuristic (src/tuning/table.hpp, internal).
+//
+// One table holds both precisions. An entry's precision is the one its config names say
+// (config_name_precision: GemmConfig::str() starts fp8 configs with "fp8-"), so no field can
+// disagree with them; each precision's entries form buckets of their own (merge_records), and an
+// fp8 plan reads only entries whose up and down name fp8 configs, a bf16 plan only bf16 ones
+// (find_entry). A `moekit tune --dtype fp8` run merged into configs/<device>.json beside bf16
+// entries leaves every bf16 plan as it was, and the other way round.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +56,10 @@ std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo&
 // extrapolation: above it the heuristic decides). Throws moekit::Error if not strictly ascending.
 std::vector<double> bucket_bounds(std::span<const double> rows_per_expert_ascending);
 
+// The precision a GemmConfig::str() name says: fp8 when it starts with "fp8-", else bf16. The name
+// need not be compiled (a stale entry keeps its precision, and its buckets).
+Precision config_name_precision(std::string_view config_name);
+
 // One entry of configs/<device>.json as `moekit tune` writes it: a measured point (T) with the
 // bound of its bucket and what was measured there.
 struct TuningRecord {
@@ -62,13 +73,15 @@ struct TuningRecord {
   std::optional<double> heuristic_ms;  // the heuristic's configs, same measurement (if timed)
   std::string date;                  // ISO 8601 UTC of the measurement
   MoeShape shape() const { return MoeShape{tokens, hidden, inter, experts, topk}; }
+  Precision precision() const { return config_name_precision(up); }  // the buckets it belongs to
 };
 
-// A table file's entries after a tune run: entries of other shapes stay as they were; for each
-// shape in `fresh`, its fresh points replace existing ones at the same T, existing points at other
-// T's stay when keep_other_tokens (--merge) and are dropped otherwise, and that shape's bounds are
-// recomputed with bucket_bounds over all its points. Sorted by shape, then T. Throws
-// moekit::Error when `fresh` measures one (shape, T) twice.
+// A table file's entries after a tune run, per (shape, precision) — a shape's bf16 and fp8 points
+// are separate sets of buckets: entries of other (shape, precision)s stay as they were; for each
+// one in `fresh`, its fresh points replace existing ones at the same T, existing points at other
+// T's stay when keep_other_tokens (--merge) and are dropped otherwise, and its bounds are
+// recomputed with bucket_bounds over all its points. Sorted by shape, then precision (bf16
+// first), then T. Throws moekit::Error when `fresh` measures one (shape, precision, T) twice.
 std::vector<TuningRecord> merge_records(const std::vector<TuningRecord>& existing,
                                         const std::vector<TuningRecord>& fresh, bool keep_other_tokens);
 

@@ -1,8 +1,8 @@
-// plan.cpp — the one planner's entries: plan_forward (a measured table's bucket for this device
-// and shape, else the heuristic), plan_forward_with (the GEMM configs given), and what a plan says
-// of itself. Every kernel choice of the layer lands in the ForwardPlan it returns: the GEMM
-// configs and split-K (table or heuristic.cpp), the router's and align's kernels (heuristic.cpp).
-// Pure host code, unit-tested on the CPU.
+// plan.cpp — the one planner's entries: plan_forward (a measured table's bucket for this device,
+// shape and precision, else the heuristic), plan_forward_with (the GEMM configs given), and what a
+// plan says of itself. Every kernel choice of the layer lands in the ForwardPlan it returns: the
+// GEMM configs and split-K (table or heuristic.cpp), the router's and align's kernels
+// (heuristic.cpp). Pure host code, unit-tested on the CPU.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -70,13 +70,13 @@ ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device, Precis
   detail::expect_shape(shape, "plan_forward");
   detail::expect_shape_precision(shape, precision, "plan_forward");
   detail::expect_hopper(device, "plan_forward");
-  // The measured tables hold bf16 configs; FP8 plans come from the heuristic until they have one.
-  if (precision == Precision::fp8) return plan_forward_heuristic(shape, device, precision);
-  // A measured bucket for this device and shape first. Table entries that name configs no longer
-  // compiled (or invalid here) are skipped, so a stale table falls back instead of failing.
-  if (std::optional<ForwardPlan> plan = tuning::plan_from_table(tuning::compiled_tuning_table(), shape, device))
+  // A measured bucket of this precision for this device and shape first. Table entries that name
+  // configs no longer compiled (or invalid here) are skipped, so a stale table falls back instead
+  // of failing.
+  if (std::optional<ForwardPlan> plan =
+          tuning::plan_from_table(tuning::compiled_tuning_table(), shape, device, precision))
     return *plan;
-  return plan_forward_heuristic(shape, device);
+  return plan_forward_heuristic(shape, device, precision);
 }
 
 }  // namespace moekit

@@ -22,6 +22,10 @@ int64_t gemm_smem_bytes(const GemmConfig& c) {
   return int64_t(c.stages) * (c.block_m + c.block_n) * c.block_k * (c.precision == Precision::fp8 ? 1 : 2);
 }
 
+Precision config_name_precision(std::string_view name) {
+  return name.starts_with("fp8-") ? Precision::fp8 : Precision::bf16;
+}
+
 const GemmConfig* compiled_config_named(std::string_view name) {
   for (Precision pr : {Precision::bf16, Precision::fp8})
     for (const GemmConfig& c : compiled_gemm_configs(pr))
@@ -49,13 +53,17 @@ std::optional<TileChoice> resolve_entry(const TuningEntry& e, const DeviceInfo& 
   return t;
 }
 
-const TuningEntry* find_entry(std::span<const TuningEntry> table, const MoeShape& shape, const DeviceInfo& device) {
+const TuningEntry* find_entry(std::span<const TuningEntry> table, const MoeShape& shape, const DeviceInfo& device,
+                              Precision precision) {
   const double rows = rows_per_expert(shape);
   const TuningEntry* best = nullptr;
   for (const TuningEntry& e : table) {
     if (e.device != device.name || e.hidden != shape.hidden || e.inter != shape.inter ||
         e.experts != shape.experts || e.topk != shape.topk)
       continue;
+    // The other precision's buckets are not this plan's (checked before the bound: they must not
+    // shadow this precision's bucket either).
+    if (config_name_precision(e.up) != precision || config_name_precision(e.down) != precision) continue;
     if (!(rows <= e.rows_per_expert_max)) continue;
     if (best && e.rows_per_expert_max >= best->rows_per_expert_max) continue;  // ties: the first wins
     if (!resolve_entry(e, device)) continue;  // stale: as if absent
@@ -65,8 +73,8 @@ const TuningEntry* find_entry(std::span<const TuningEntry> table, const MoeShape
 }
 
 std::optional<ForwardPlan> plan_from_table(std::span<const TuningEntry> table, const MoeShape& shape,
-                                           const DeviceInfo& device) {
-  const TuningEntry* e = find_entry(table, shape, device);
+                                           const DeviceInfo& device, Precision precision) {
+  const TuningEntry* e = find_entry(table, shape, device, precision);
   if (!e) return std::nullopt;
   const TileChoice t = *resolve_entry(*e, device);  // find_entry returns only entries that resolve
   ForwardPlan plan = plan_with(shape, t.up, t.down, t.down_splits, device.smem_per_block_optin);
@@ -124,8 +132,9 @@ std::vector<double> bucket_bounds(std::span<const double> rows) {
 }
 
 namespace {
-using ShapeKey = std::tuple<int64_t, int64_t, int64_t, int64_t>;
-ShapeKey key_of(const TuningRecord& r) { return {r.hidden, r.inter, r.experts, r.topk}; }
+// One set of buckets: a shape and a precision.
+using ShapeKey = std::tuple<int64_t, int64_t, int64_t, int64_t, Precision>;
+ShapeKey key_of(const TuningRecord& r) { return {r.hidden, r.inter, r.experts, r.topk, r.precision()}; }
 }  // namespace
 
 std::vector<TuningRecord> merge_records(const std::vector<TuningRecord>& existing,
@@ -133,7 +142,8 @@ std::vector<TuningRecord> merge_records(const std::vector<TuningRecord>& existin
   std::map<ShapeKey, std::set<int64_t>> fresh_tokens;
   for (const TuningRecord& r : fresh)
     if (!fresh_tokens[key_of(r)].insert(r.tokens).second)
-      throw Error("merge_records: T=" + std::to_string(r.tokens) + " of one shape measured twice");
+      throw Error("merge_records: T=" + std::to_string(r.tokens) + " of one shape measured twice (" +
+                  precision_name(r.precision()) + ")");
   std::vector<TuningRecord> out;
   for (const TuningRecord& r : existing) {
     const auto it = fresh_tokens.find(key_of(r));
@@ -141,10 +151,11 @@ std::vector<TuningRecord> merge_records(const std::vector<TuningRecord>& existin
   }
   out.insert(out.end(), fresh.begin(), fresh.end());
   std::stable_sort(out.begin(), out.end(), [](const TuningRecord& a, const TuningRecord& b) {
-    return std::make_tuple(a.hidden, a.inter, a.experts, a.topk, a.tokens) <
-           std::make_tuple(b.hidden, b.inter, b.experts, b.topk, b.tokens);
+    return std::make_tuple(a.hidden, a.inter, a.experts, a.topk, a.precision(), a.tokens) <
+           std::make_tuple(b.hidden, b.inter, b.experts, b.topk, b.precision(), b.tokens);
   });
-  // Recompute the bounds of every shape this run measured (its points are now contiguous).
+  // Recompute the bounds of every (shape, precision) this run measured (its points are now
+  // contiguous).
   for (size_t lo = 0; lo < out.size();) {
     size_t hi = lo;
     while (hi < out.size() && key_of(out[hi]) == key_of(out[lo])) ++hi;

@@ -20,7 +20,8 @@ namespace moekit::tuning {
 
 // One bucket of a table, as compiled into the library: on `device`, for the shape (H, F, E, k)
 // and rows per expert up to rows_per_expert_max, run `up` and `down` (GemmConfig::str() names)
-// with down_splits. A bucket covers (the next smaller bound of the same shape, this bound].
+// with down_splits. Its precision is its names' (config_name_precision). A bucket covers (the
+// next smaller bound of the same shape and precision, this bound].
 struct TuningEntry {
   std::string_view device;  // DeviceInfo::name, matched exactly ("NVIDIA H200")
   std::string_view source;  // the file it came from, relative to the source tree
@@ -42,17 +43,21 @@ const GemmConfig* compiled_config_named(std::string_view name);
 // removed from src/gemm/configs.hpp): plan_forward then skips it, never fails on it.
 std::optional<TileChoice> resolve_entry(const TuningEntry& e, const DeviceInfo& device);
 
-// The entry of `table` that applies: among the entries for this device (name matched exactly) and
-// shape (H, F, E, k) that resolve, the one with the smallest rows_per_expert_max >= the shape's
-// rows per expert (the first such in table order on a tie). nullptr when none does — a shape
-// above every bound, another shape or device, or only stale entries: the heuristic decides.
-const TuningEntry* find_entry(std::span<const TuningEntry> table, const MoeShape& shape, const DeviceInfo& device);
+// The entry of `table` that applies: among the entries for this device (name matched exactly),
+// shape (H, F, E, k) and precision (up and down both name configs of `precision`; an entry of the
+// other precision, or one mixing the two, is not this plan's) that resolve, the one with the
+// smallest rows_per_expert_max >= the shape's rows per expert (the first such in table order on a
+// tie). nullptr when none does — a shape above every bound, another shape, device or precision,
+// or only stale entries: the heuristic decides.
+const TuningEntry* find_entry(std::span<const TuningEntry> table, const MoeShape& shape, const DeviceInfo& device,
+                              Precision precision = Precision::bf16);
 
 // The plan of find_entry's entry (its configs, checked as plan_forward_with checks them, and the
 // router's and align's kernels for this device; source
 // "table:<file>(rows/expert<=<bound>)"), or nullopt when there is none. plan_forward calls this
-// with compiled_tuning_table() before its heuristic; tests call it with tables of their own.
+// with compiled_tuning_table() before its heuristic, for either precision; tests call it with
+// tables of their own.
 std::optional<ForwardPlan> plan_from_table(std::span<const TuningEntry> table, const MoeShape& shape,
-                                           const DeviceInfo& device);
+                                           const DeviceInfo& device, Precision precision = Precision::bf16);
 
 }  // namespace moekit::tuning

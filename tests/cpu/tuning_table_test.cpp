@@ -183,8 +183,9 @@ TEST(TuningTable, PlanForwardFallsBackToTheHeuristicUnchanged) {
 
 TEST(TuningTable, CompiledTablesAreWellFormed) {
   // The tables of configs/ (none until `moekit tune` writes one): fields in range, one entry per
-  // (device, shape, bound), and plan_forward takes each live bucket on its device.
-  std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, double>> seen;
+  // (device, shape, precision, bound), and plan_forward takes each live bucket on its device in
+  // its precision.
+  std::set<std::tuple<std::string, int64_t, int64_t, int64_t, int64_t, Precision, double>> seen;
   for (const TuningEntry& e : tuning::compiled_tuning_table()) {
     SCOPED_TRACE(::testing::Message() << e.source << ": " << e.device << " H=" << e.hidden << " F=" << e.inter
                                       << " E=" << e.experts << " k=" << e.topk << " <= " << e.rows_per_expert_max);
@@ -194,7 +195,9 @@ TEST(TuningTable, CompiledTablesAreWellFormed) {
     EXPECT_GT(e.experts, 0);
     EXPECT_GT(e.topk, 0);
     EXPECT_GE(e.rows_per_expert_max, 0.0);
-    EXPECT_TRUE(seen.insert({std::string(e.device), e.hidden, e.inter, e.experts, e.topk, e.rows_per_expert_max}).second)
+    const Precision precision = tuning::config_name_precision(e.up);
+    EXPECT_TRUE(seen.insert({std::string(e.device), e.hidden, e.inter, e.experts, e.topk, precision,
+                             e.rows_per_expert_max}).second)
         << "duplicate bucket";
     DeviceInfo d = kH200;
     d.name = std::string(e.device);
@@ -203,7 +206,7 @@ TEST(TuningTable, CompiledTablesAreWellFormed) {
     // largest T not above the bound.
     const int64_t T = int64_t(e.rows_per_expert_max * double(e.experts) / double(e.topk));
     const MoeShape s{T, e.hidden, e.inter, e.experts, e.topk};
-    const ForwardPlan p = plan_forward(s, d);
+    const ForwardPlan p = plan_forward(s, d, precision);
     char bound[32];
     std::snprintf(bound, sizeof bound, "%g", e.rows_per_expert_max);
     EXPECT_EQ(p.source, "table:" + std::string(e.source) + "(rows/expert<=" + bound + ")") << p.str();

@@ -4,6 +4,7 @@
 //   moekit bench --preset deepseek-v3 --tokens 1,16,64,512 --json out.json
 //   moekit check --cpu
 //   moekit tune --preset mixtral-8x7b --tokens 1,2,4,8,16,32,64 --merge
+//   moekit tune --dtype fp8 --preset deepseek-v3 --merge
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -199,6 +200,11 @@ int main(int argc, char** argv) {
   tune_cmd->add_option("--check-tokens", tune.check_tokens, "tokens the oracle checks per candidate")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  tune_cmd->add_option("--dtype", tune.dtype,
+                       "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales); each precision "
+                       "has buckets of its own in the table")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   check.tokens_given = tokens_opt->count() > 0;

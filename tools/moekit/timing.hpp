@@ -43,6 +43,28 @@ struct WeightRotation {
   std::string note;  // "rotating N weight copies" (and why fewer than wanted), or empty
 };
 
+// Copies a rotation wants when the smallest set of bytes a timed stage streams is smallest_bytes:
+// enough that those bytes of all copies together pass kRotateL2Multiple x L2 (at most
+// kMaxWeightCopies).
+inline int rotation_copies_wanted(int64_t smallest_bytes, int64_t l2_bytes) {
+  const int64_t rotate_bytes = kRotateL2Multiple * l2_bytes;
+  return smallest_bytes >= rotate_bytes
+             ? 1
+             : int(std::min<int64_t>(kMaxWeightCopies, (rotate_bytes + smallest_bytes - 1) / smallest_bytes));
+}
+
+// The rotation over min(want, held) copies, with its note ("rotating N <what> copies", and why
+// fewer than wanted).
+inline WeightRotation weight_rotation(int want, int held, const std::string& what) {
+  WeightRotation r;
+  r.copies = std::min(want, held);
+  r.note = r.copies > 1 ? "rotating " + std::to_string(r.copies) + " " + what + " copies" : "";
+  if (r.copies < want)
+    r.note += (r.note.empty() ? "" : " ") + std::string("(L2 rotation wanted ") + std::to_string(want) + " " + what +
+              " copies: capped by device memory)";
+  return r;
+}
+
 // The weight copies a routing touching `touched` experts needs (added to `layer` as required),
 // keeping kKeepFreeBytes + extra_free_bytes of device memory free. Copies made for an earlier T
 // stay allocated; the rotation uses only as many as this routing needs.
@@ -51,16 +73,8 @@ inline WeightRotation rotate_weights(GpuLayer& layer, const std::vector<int32_t>
   const MoeShape& s = layer.spec().shape;
   // Sized for the smallest set a timed stage streams (down: the touched w2 slices, a third of
   // the touched bytes), so every expert stage rotates past kRotateL2Multiple x L2.
-  const int64_t touched_bytes = int64_t(touched.size()) * 3 * s.hidden * s.inter * 2, smallest = touched_bytes / 3;
-  const int64_t rotate_bytes = kRotateL2Multiple * l2_bytes;
-  const int want = smallest >= rotate_bytes ? 1 : int(std::min<int64_t>(kMaxWeightCopies, (rotate_bytes + smallest - 1) / smallest));
-  WeightRotation r;
-  r.copies = std::min(want, layer.ensure_copies(want, kKeepFreeBytes + extra_free_bytes, stream));
-  r.note = r.copies > 1 ? "rotating " + std::to_string(r.copies) + " weight copies" : "";
-  if (r.copies < want)
-    r.note += (r.note.empty() ? "" : " ") + std::string("(L2 rotation wanted ") + std::to_string(want) +
-              " weight copies: capped by device memory)";
-  return r;
+  const int want = rotation_copies_wanted(int64_t(touched.size()) * s.hidden * s.inter * 2, l2_bytes);
+  return weight_rotation(want, layer.ensure_copies(want, kKeepFreeBytes + extra_free_bytes, stream), "weight");
 }
 
 // Byte ranges of the weights `stage` reads in weight copy c: what its read time streams.

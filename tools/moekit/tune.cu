@@ -1,22 +1,28 @@
-// tune.cu — `moekit tune`: for each T, every candidate tile config of the layer (tuning/table.hpp:
-// tune_candidates) is run once and checked against the CPU oracle (check.cpp: the check bench runs,
-// with the oracle's side computed once per T), then its up + down + combine is timed as CUDA
-// graphs rotated over weight copies (timing.hpp: as bench times stages); the fastest passing one
-// becomes that T's entry of configs/<device>.json, bucketed by rows per expert (bucket_bounds).
-// cmake/tuning_tables.cmake compiles that file into the library, where plan_forward reads it.
+// tune.cu — `moekit tune`: for each T, every candidate tile config of the layer in one precision
+// (moekit/tuning.hpp: tune_candidates) is run once and checked against the CPU oracle (bf16:
+// check.cpp, the check bench runs; fp8: fp8_layer.hpp, the check of bench --dtype fp8; the
+// oracle's side computed once per T), then its up + down + combine is timed as CUDA graphs rotated
+// over weight copies (timing.hpp: as bench times stages); the fastest passing one becomes that
+// T's entry of configs/<device>.json, bucketed by rows per expert among that precision's points
+// (bucket_bounds). cmake/tuning_tables.cmake compiles that file into the library, where
+// plan_forward reads it.
 //
 //   build/moekit tune --preset mixtral-8x7b --tokens 1,2,4,8,16,32,64 --out configs/nvidia-h200.json --merge
+//   build/moekit tune --dtype fp8 --preset deepseek-v3 --merge
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "bench.hpp"
 #include "ceilings.cuh"
+#include "fp8_layer.hpp"
 #include "rng.hpp"
 #include "timing.hpp"
 #include "tune.hpp"
@@ -41,9 +47,120 @@ std::string describe(const tuning::TileChoice& c) {
   return s;
 }
 
+// One precision's side of tuning one T: the layer's inputs, the oracle (its side computed once,
+// from the first candidate's checked run: the routing, and so the oracle, the touched experts and
+// the read time, do not depend on the plan), the weight copies the timing rotates over, and the
+// expert GEMMs it times.
+class TunedExperts {
+ public:
+  virtual ~TunedExperts() = default;
+  virtual MoeInputs inputs(const Tensor& x) const = 0;  // on weight copy 0, which the oracle reads
+  // The oracle's side and the rotation (keeping extra_free_bytes more free), from a finished run.
+  virtual void prepare(const Workspace& ws, const Tensor& x, int64_t extra_free_bytes) = 0;
+  virtual bool prepared() const = 0;
+  // The finished forward (ws, y) of any plan against the oracle: ok, and one line (or more) why.
+  virtual std::pair<bool, std::string> check(const Workspace& ws, const Tensor& y) const = 0;
+  // up + down of `plan` on weight copy c, reading the routing (and fp8: x_q) the forward left in ws.
+  virtual void up_down(const ForwardPlan& plan, const Tensor& x, const Workspace& ws, int copy) const = 0;
+  const WeightRotation& rotation() const { return rotation_; }
+  double read_ms() const { return read_ms_; }
+
+ protected:
+  TunedExperts(const TuneArgs& args, const MoeShape& shape, const DeviceInfo& dev, cudaStream_t s)
+      : args_(args), shape_(shape), dev_(dev), s_(s) {}
+  // Times the streaming read of `ranges_of(copy)` over the rotation and says what it found.
+  template <class Ranges>
+  void time_read(size_t touched, const char* what, const Ranges& ranges_of) {
+    std::vector<StreamReader> readers;
+    for (int cp = 0; cp < rotation_.copies; ++cp) readers.emplace_back(ranges_of(cp));
+    read_ms_ = rotated_read_ms(readers, s_, args_.warmup, args_.steps);
+    std::printf("%zu experts touched (%.1f MB of %s), read time %.4f ms%s%s\n", touched,
+                double(readers.front().bytes()) / 1e6, what, read_ms_, rotation_.note.empty() ? "" : "; ",
+                rotation_.note.c_str());
+  }
+  const TuneArgs& args_;
+  const MoeShape shape_;  // with this T
+  const DeviceInfo& dev_;
+  cudaStream_t s_;
+  WeightRotation rotation_;
+  double read_ms_ = 0;
+};
+
+// bf16 experts: the layer's own weights, checked by ForwardOracle (check.cpp).
+class Bf16Experts final : public TunedExperts {
+ public:
+  Bf16Experts(const TuneArgs& args, GpuLayer& layer, const MoeShape& shape, const DeviceInfo& dev, cudaStream_t s)
+      : TunedExperts(args, shape, dev, s), layer_(layer) {}
+  MoeInputs inputs(const Tensor& x) const override { return layer_.inputs(0, x); }
+  void prepare(const Workspace& ws, const Tensor& x, int64_t extra_free_bytes) override {
+    oracle_.emplace(layer_, shape_, ws, x, args_.check_tokens, args_.seed, s_);
+    const std::vector<int32_t> touched = oracle_->touched_experts();
+    rotation_ = rotate_weights(layer_, touched, dev_.l2_bytes, extra_free_bytes, s_);
+    time_read(touched.size(), "w13 + w2", [&](int cp) { return weight_ranges("experts", layer_, cp, touched); });
+  }
+  bool prepared() const override { return oracle_.has_value(); }
+  std::pair<bool, std::string> check(const Workspace& ws, const Tensor& y) const override {
+    const ForwardCheck c = oracle_->check(ws, y, s_);
+    return {c.ok, c.summary};
+  }
+  void up_down(const ForwardPlan& plan, const Tensor& x, const Workspace& ws, int copy) const override {
+    expert_up(plan, x, layer_.w13(copy), ws, s_);
+    expert_down(plan, layer_.w2(copy), ws.topk_weights, ws, s_);
+  }
+
+ private:
+  GpuLayer& layer_;
+  std::optional<ForwardOracle> oracle_;
+};
+
+// fp8 experts: e4m3 copies of the layer's weights (fp8_layer.hpp), checked by Fp8Oracle.
+class Fp8Experts final : public TunedExperts {
+ public:
+  Fp8Experts(const TuneArgs& args, const GpuLayer& layer, Fp8Weights& fp8, const MoeShape& shape,
+             const DeviceInfo& dev, cudaStream_t s)
+      : TunedExperts(args, shape, dev, s), layer_(layer), fp8_(fp8) {}
+  MoeInputs inputs(const Tensor& x) const override {
+    MoeInputs in = layer_.inputs(0, x);
+    const ExpertWeights w = fp8_.at(0);
+    in.w13 = w.w13, in.w2 = w.w2, in.w13_scale = w.w13_scale, in.w2_scale = w.w2_scale;
+    return in;
+  }
+  void prepare(const Workspace& ws, const Tensor& x, int64_t extra_free_bytes) override {
+    oracle_.emplace(layer_, fp8_, shape_, ws, x, args_.check_tokens, s_);
+    const std::vector<int32_t> touched = oracle_->touched_experts();
+    // Sized for the smallest set a timed stage streams: the touched experts' e4m3 w2.
+    const int want = rotation_copies_wanted(int64_t(touched.size()) * shape_.hidden * shape_.inter, dev_.l2_bytes);
+    rotation_ = weight_rotation(want, fp8_.ensure(want, kKeepFreeBytes + extra_free_bytes, s_), "fp8 weight");
+    time_read(touched.size(), "fp8 w13 + w2 and their scales",
+              [&](int cp) { return fp8_.ranges("experts", cp, touched); });
+  }
+  bool prepared() const override { return oracle_.has_value(); }
+  std::pair<bool, std::string> check(const Workspace& ws, const Tensor& y) const override {
+    Fp8Check c = oracle_->check(ws, y, s_);
+    try {
+      check_status(ws, s_);  // the status bits, as ForwardOracle checks them for bf16
+    } catch (const Error& e) {
+      c.ok = false;
+      c.summary += std::string("\n  ") + e.what();
+    }
+    return {c.ok, c.summary};
+  }
+  void up_down(const ForwardPlan& plan, const Tensor&, const Workspace& ws, int copy) const override {
+    const ExpertWeights w = fp8_.at(copy);
+    expert_up(plan, ws.x_q, w.w13, ws, s_, w.w13_scale);  // x_q: quantize_tokens ran in the checked forward
+    expert_down(plan, w.w2, ws.topk_weights, ws, s_, w.w2_scale);
+  }
+
+ private:
+  const GpuLayer& layer_;
+  Fp8Weights& fp8_;
+  std::optional<Fp8Oracle> oracle_;
+};
+
 struct TuneContext {
   const TuneArgs& args;
   GpuLayer& layer;
+  Fp8Weights* fp8;  // the FP8 copies for --dtype fp8; nullptr for bf16
   const DeviceInfo& dev;
   cudaStream_t stream;
 };
@@ -55,23 +172,27 @@ struct TokensResult {
 
 TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
   const TuneArgs& args = cx.args;
-  GpuLayer& layer = cx.layer;
   const cudaStream_t s = cx.stream;
-  MoeShape shape = layer.spec().shape;
+  MoeShape shape = cx.layer.spec().shape;
   shape.tokens = T;
   const int64_t H = shape.hidden;
+  const Precision precision = cx.fp8 ? Precision::fp8 : Precision::bf16;
   TokensResult result;
+  std::unique_ptr<TunedExperts> held;
+  if (cx.fp8) held = std::make_unique<Fp8Experts>(args, cx.layer, *cx.fp8, shape, cx.dev, s);
+  else held = std::make_unique<Bf16Experts>(args, cx.layer, shape, cx.dev, s);
+  TunedExperts& experts = *held;
 
   // The heuristic's choice goes first: a strong baseline early makes the screen effective, and
   // its time is recorded beside the winner's.
-  const ForwardPlan heuristic = plan_forward_heuristic(shape, cx.dev);
+  const ForwardPlan heuristic = plan_forward_heuristic(shape, cx.dev, precision);
   const tuning::TileChoice heuristic_choice{heuristic.up, heuristic.down, heuristic.down_splits};
-  std::vector<tuning::TileChoice> candidates = tuning::tune_candidates(shape, cx.dev);
+  std::vector<tuning::TileChoice> candidates = tuning::tune_candidates(shape, cx.dev, precision);
   std::erase(candidates, heuristic_choice);
   candidates.insert(candidates.begin(), heuristic_choice);
   const int n = int(candidates.size());
-  std::printf("\nT=%lld (%.4g rows per expert): %d candidates; the heuristic's first\n", (long long)T,
-              tuning::rows_per_expert(shape), n);
+  std::printf("\nT=%lld (%.4g rows per expert): %d %s candidates; the heuristic's first\n", (long long)T,
+              tuning::rows_per_expert(shape), n, precision_name(precision));
 
   const DeviceBuffer x = random_activations(T, H, args.seed, kStreamX, s);
   const DeviceBuffer y(T * H * 2);
@@ -83,9 +204,6 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
   for (const tuning::TileChoice& c : candidates)
     max_ws_bytes = std::max<int64_t>(max_ws_bytes, int64_t(workspace_bytes(plan_forward_with(shape, c.up, c.down, c.down_splits))));
 
-  std::optional<ForwardOracle> oracle;
-  WeightRotation rotation;
-  double read_ms = 0;
   std::optional<tuning::TileChoice> best;
   double best_ms = 0;
   std::optional<double> heuristic_ms;
@@ -107,24 +225,14 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
       const DeviceBuffer wsbuf(ws_bytes);
       const Workspace ws = carve_workspace(plan, wsbuf.get(), size_t(ws_bytes));
 
-      // ---- check before timing: y poisoned, one forward, the oracle (check.cpp).
-      poisoned_forward(layer, plan, xt, yt, wsbuf.get(), size_t(ws_bytes), s);
-      if (!oracle) {
-        // The routing, and so the oracle, the touched experts and the read time, do not depend
-        // on the plan: computed once, from the first candidate's run.
-        oracle.emplace(layer, shape, ws, xt, args.check_tokens, args.seed, s);
-        const std::vector<int32_t> touched = oracle->touched_experts();
-        rotation = rotate_weights(layer, touched, cx.dev.l2_bytes, max_ws_bytes, s);
-        std::vector<StreamReader> readers;
-        for (int cp = 0; cp < rotation.copies; ++cp) readers.emplace_back(weight_ranges("experts", layer, cp, touched));
-        read_ms = rotated_read_ms(readers, s, args.warmup, args.steps);
-        std::printf("%zu experts touched (%.1f MB of w13 + w2), read time %.4f ms%s%s\n", touched.size(),
-                    double(readers.front().bytes()) / 1e6, read_ms, rotation.note.empty() ? "" : "; ",
-                    rotation.note.c_str());
-      }
-      const ForwardCheck chk = oracle->check(ws, yt, s);
-      if (!chk.ok) {
-        std::printf("%s: CHECK FAILED, not timed\n  %s\n", head, chk.summary.c_str());
+      // ---- check before timing: y poisoned (0xffff, a bf16 NaN), one forward on weight copy 0,
+      // the oracle (its side computed from the first candidate's run).
+      MK_CUDA_CHECK(cudaMemsetAsync(y.get(), 0xff, size_t(y.bytes()), s));
+      moe_forward(plan, experts.inputs(xt), cx.layer.spec().router, yt, wsbuf.get(), size_t(ws_bytes), s);
+      if (!experts.prepared()) experts.prepare(ws, xt, max_ws_bytes);
+      const auto [ok, summary] = experts.check(ws, yt);
+      if (!ok) {
+        std::printf("%s: CHECK FAILED, not timed\n  %s\n", head, summary.c_str());
         ++result.failed;
         continue;
       }
@@ -132,11 +240,10 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
 
       // ---- up + down + combine as one graph per weight copy. Combine is in: split-K moves work
       // into it (FP32 partials, S x T*k*H*4 bytes), so without it more splits would look free.
-      const int copies = rotation.copies;
+      const int copies = experts.rotation().copies;
       LayerGraphs graphs;
       capture_rotated(graphs, [&](int cp) {
-        expert_up(plan, xt, layer.w13(cp), ws, s);
-        expert_down(plan, layer.w2(cp), ws.topk_weights, ws, s);
+        experts.up_down(plan, xt, ws, cp);
         if (plan.down_splits > 1) combine_partials(ws.y_partials, shape.topk, yt, s);
         else combine(ws.y_rows, shape.topk, yt, s);
       }, copies, 1, s);
@@ -159,7 +266,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
         continue;
       }
       const bool is_best = !best || ms < best_ms;
-      std::printf("%s: %.4f ms, %.0f%% of read%s\n", head, ms, 100.0 * read_ms / ms, is_best ? " (best so far)" : "");
+      std::printf("%s: %.4f ms, %.0f%% of read%s\n", head, ms, 100.0 * experts.read_ms() / ms, is_best ? " (best so far)" : "");
       if (i == 0) heuristic_ms = ms;
       if (is_best) {
         best = c;
@@ -175,7 +282,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
     return result;
   }
   std::printf("T=%lld best: %s, %.4f ms (%.0f%% of read)", (long long)T, describe(*best).c_str(), best_ms,
-              100.0 * read_ms / best_ms);
+              100.0 * experts.read_ms() / best_ms);
   if (heuristic_ms) std::printf("; the heuristic's %.4f ms is %.1f%% slower", *heuristic_ms, 100.0 * (*heuristic_ms / best_ms - 1));
   std::printf("\n");
   tuning::TuningRecord r;
@@ -188,7 +295,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
   r.down = best->down.str();
   r.down_splits = best->down_splits;
   r.ms = best_ms;
-  r.frac_read = read_ms / best_ms;
+  r.frac_read = experts.read_ms() / best_ms;
   r.heuristic_ms = heuristic_ms;
   r.date = iso_utc_now();
   result.record = r;
@@ -203,6 +310,10 @@ int run_tune(const TuneArgs& args, const std::string& command) {
   std::vector<int64_t> sorted = args.tokens;
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) throw Error("--tokens: a token count is given twice");
+  const Precision precision = args.dtype == "fp8" ? Precision::fp8 : Precision::bf16;
+  if (precision == Precision::fp8 && (spec.shape.hidden % 16 != 0 || spec.shape.inter % 16 != 0))
+    throw Error("--dtype fp8: H and F must be multiples of 16 (16-byte rows of e4m3), got H=" +
+                std::to_string(spec.shape.hidden) + " F=" + std::to_string(spec.shape.inter));
   if (!require_hopper("tune", ": it times candidate configs on the device",
                       "Without a table, plan_forward uses its heuristic; `moekit check` runs the CPU oracle here."))
     return kExitNoGpu;
@@ -221,12 +332,15 @@ int run_tune(const TuneArgs& args, const std::string& command) {
   table.sm_count = dev.sm_count;
   table.commands.push_back(command);
 
-  std::printf("moekit tune %s — %s on %s (%d SMs); %d steps after %d warm-up per candidate; table %s (%s)\n", kVersion,
-              spec.str().c_str(), dev.name.c_str(), dev.sm_count, args.steps, args.warmup, out.c_str(),
-              args.merge ? "merging with this shape's other points" : "replacing this shape's points");
+  const char* dtype = precision_name(precision);
+  std::printf("moekit tune %s — %s, %s experts, on %s (%d SMs); %d steps after %d warm-up per candidate; table %s (%s "
+              "this shape's %s points)\n", kVersion, spec.str().c_str(), dtype, dev.name.c_str(), dev.sm_count,
+              args.steps, args.warmup, out.c_str(), args.merge ? "merging with" : "replacing", dtype);
   Stream stream;
   GpuLayer layer(spec, args.seed, stream.s);
-  const TuneContext cx{args, layer, dev, stream.s};
+  std::optional<Fp8Weights> fp8;
+  if (precision == Precision::fp8) fp8.emplace(layer).ensure(1, kKeepFreeBytes, stream.s);
+  const TuneContext cx{args, layer, fp8 ? &*fp8 : nullptr, dev, stream.s};
   std::vector<tuning::TuningRecord> fresh;
   int failed = 0;
   for (int64_t T : args.tokens) {
@@ -242,7 +356,7 @@ int run_tune(const TuneArgs& args, const std::string& command) {
   std::printf("\n%-6s %-10s %-44s %6s %9s %6s %9s\n", "T", "rows/exp<=", "configs", "split", "ms", "%read", "heur. ms");
   for (const tuning::TuningRecord& r : table.entries) {
     if (r.hidden != spec.shape.hidden || r.inter != spec.shape.inter || r.experts != spec.shape.experts ||
-        r.topk != spec.shape.topk)
+        r.topk != spec.shape.topk || r.precision() != precision)
       continue;
     const std::string cfg = r.up == r.down ? r.up : r.up + " / " + r.down;
     char heur[32] = "-";

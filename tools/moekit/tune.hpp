@@ -23,6 +23,7 @@ struct TuneArgs {
   bool exhaustive = false;  // time every candidate in full (no screening)
   uint64_t seed = 20240901;
   int check_tokens = 16;
+  std::string dtype = "bf16";  // --dtype: bf16 | fp8 (the fp8 experts of bench --dtype fp8)
 };
 
 int run_tune(const TuneArgs& args, const std::string& command);
