@@ -92,14 +92,7 @@ struct Fp8Mainloop {
   float acc[MI][NI][4];
   Mainloop<M, Cfg, MmaE4m3> block;  // one K-tile's sums
 
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-      for (int j = 0; j < NI; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-  }
+  __device__ __forceinline__ void zero() { zero_accs(acc); }
 
   // The B scale block (0 or 1 of the slot's two) of n8 fragment f of this warp.
   __device__ __forceinline__ static int b_block(int f, const WarpTile<M, Cfg>& w) {

@@ -99,21 +99,21 @@ struct Loader {
       }
       b_src[0] = b_expert + (n0 + r) * p.k_dim + c * 8;
       b_src[1] = M == Mode::Up ? b_src[0] + p.n_dim * p.k_dim : b_src[0] + int64_t(BN / 2) * p.k_dim;
-      return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < kBI; ++i) {
-      const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
-      int64_t col, b_row;
-      if constexpr (M == Mode::Up) {
-        col = n0 + (r < BN / 2 ? r : r - BN / 2);
-        b_row = r < BN / 2 ? col : p.n_dim + col;
-      } else {
-        col = n0 + r;
-        b_row = col;
+      for (int i = 0; i < kBI; ++i) {
+        const int r = (tid + i * Cfg::kThreads) / CH, c = (tid + i * Cfg::kThreads) % CH;
+        int64_t col, b_row;
+        if constexpr (M == Mode::Up) {
+          col = n0 + (r < BN / 2 ? r : r - BN / 2);
+          b_row = r < BN / 2 ? col : p.n_dim + col;
+        } else {
+          col = n0 + r;
+          b_row = col;
+        }
+        b_ok[i] = col < p.n_dim;
+        b_src[i] = b_expert + (b_ok[i] ? b_row : 0) * p.k_dim + c * 8;
       }
-      b_ok[i] = col < p.n_dim;
-      b_src[i] = b_expert + (b_ok[i] ? b_row : 0) * p.k_dim + c * 8;
     }
   }
 

@@ -47,19 +47,22 @@ struct MmaE4m3 {
 
 // Cfg's BK counts 2-byte units of the smem rows (an e4m3 K-tile of 128 is 64 units): the
 // ldmatrix addressing is the same for both instructions.
+template <int MI, int NI>
+__device__ __forceinline__ void zero_accs(float (&acc)[MI][NI][4]) {
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+}
+
 template <Mode M, class Cfg, class Mma = MmaBf16>
 struct Mainloop {
   static constexpr int MI = Cfg::MI, NI = Cfg::NI, BM = Cfg::kBlockM, BK = Cfg::kBlockK;
   float acc[MI][NI][4];
 
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-      for (int j = 0; j < NI; ++j)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
-  }
+  __device__ __forceinline__ void zero() { zero_accs(acc); }
 
   // acc += A·Bᵀ over the K-tile in ring slot `slot`.
   __device__ __forceinline__ void k_tile(const __nv_bfloat16* smem, int slot, const WarpTile<M, Cfg>& w) {

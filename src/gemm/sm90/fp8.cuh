@@ -17,6 +17,7 @@
 #include "common/silu.cuh"
 #include "gemm/common.cuh"
 #include "gemm/sm90/layout.hpp"
+#include "gemm/sm90/mainloop.cuh"
 #include "gemm/sm90/pipeline.cuh"
 #include "gemm/sm90/ptx.cuh"
 
@@ -34,11 +35,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
   static_assert(Cfg::kAccs == 2 * kHalfAccs, "two n128 halves");
   if (!live) {
     after_first_step();
-    for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
-      ptx::mbar_wait(sm.full(pipe.stage), pipe.phase);
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(sm.empty(pipe.stage));
-    }
+    release_stages(sm, k_tiles, pipe, lane);
     return;
   }
 #pragma unroll

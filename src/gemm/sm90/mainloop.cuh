@@ -17,17 +17,24 @@ namespace moekit::kernels::gemm::sm90 {
 // runs alone, at up to the SM's whole tensor rate, and the tile ends sooner.
 // after_first_step() runs once the first k-step's wgmma group is issued (the epilogue's loads go
 // there: see kernel.cuh).
+// A warpgroup with no real row in the tile: only hands the tile's stages back as they fill.
+template <class Cfg>
+__device__ __forceinline__ void release_stages(const Smem<Cfg>& sm, int32_t k_tiles, Pipe<Cfg::kStages>& pipe,
+                                               int lane) {
+  for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
+    ptx::mbar_wait(sm.full(pipe.stage), pipe.phase);
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(sm.empty(pipe.stage));
+  }
+}
+
 template <class Cfg, class Hook>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                          uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
                                          bool live, Hook&& after_first_step) {
   if (!live) {
     after_first_step();
-    for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
-      ptx::mbar_wait(sm.full(pipe.stage), pipe.phase);
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(sm.empty(pipe.stage));
-    }
+    release_stages(sm, k_tiles, pipe, lane);
     return;
   }
   uint32_t prev_stage = 0;
