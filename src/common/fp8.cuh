@@ -8,10 +8,15 @@
 
 #include <cstdint>
 
+#include "common/device.cuh"  // kFullMask
+
 namespace moekit::dev {
 
 inline constexpr float kFp8Max = 448.0f;
 inline constexpr float kFp8AmaxFloor = 0x1p-100f;
+// moekit::kFp8Block for the kernels: the columns of an activation group, the rows and columns of
+// a weight block (quant/quantize.cu checks the two agree).
+inline constexpr int kFp8Block = 128;
 
 // max(a, b), NaN if either is NaN.
 __device__ __forceinline__ float max_nan(float a, float b) {
@@ -38,6 +43,15 @@ __device__ __forceinline__ uint16_t pack_e4m3x2(float lo, float hi) {
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(r) : "f"(lo), "f"(hi));
   return r;
 }
+// The NaN-propagating max over aligned groups of kLanes lanes (xor 1, 2, ..., kLanes/2); every
+// lane of a group ends with it. All 32 lanes take part. A max: the order of the steps changes no bit.
+template <int kLanes>
+__device__ __forceinline__ float lanes_amax(float amax) {
+#pragma unroll
+  for (int off = 1; off < kLanes; off <<= 1) amax = max_nan(amax, __shfl_xor_sync(kFullMask, amax, off));
+  return amax;
+}
+
 // Four values as four e4m3 bytes, v[0] in the low byte.
 __device__ __forceinline__ uint32_t pack_e4m3x4(float v0, float v1, float v2, float v3) {
   return uint32_t(pack_e4m3x2(v0, v1)) | (uint32_t(pack_e4m3x2(v2, v3)) << 16);

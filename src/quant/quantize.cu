@@ -10,6 +10,8 @@
 #include "quant/launch.hpp"
 #include "quant/quantize.cuh"
 
+static_assert(moekit::kernels::quant::kGroup == moekit::kFp8Block, "the kernels' FP8 block is the API's");
+
 namespace moekit {
 
 namespace detail {

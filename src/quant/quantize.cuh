@@ -14,18 +14,9 @@
 
 namespace moekit::kernels::quant {
 
-inline constexpr int kGroup = 128;  // kFp8Block: columns of a group, rows and columns of a weight block
+inline constexpr int kGroup = dev::kFp8Block;  // columns of a group, rows and columns of a weight block
 inline constexpr int kColsPerThread = 8;  // one 16-byte load of bf16, one 8-byte store of e4m3
 inline constexpr int kThreadsPerGroupRow = kGroup / kColsPerThread;  // 16: a half warp
-
-// The NaN-propagating max over aligned groups of kLanes lanes (xor kLanes/2, ..., 1); every lane
-// of a group ends with it. All 32 lanes take part.
-template <int kLanes>
-__device__ __forceinline__ float lanes_amax(float amax) {
-#pragma unroll
-  for (int off = kLanes / 2; off >= 1; off >>= 1) amax = dev::max_nan(amax, __shfl_xor_sync(dev::kFullMask, amax, off));
-  return amax;
-}
 
 // 8 bf16 (one 16-byte word) as floats, in column order.
 __device__ __forceinline__ void unpack_bf16x8(const uint4& w, float (&v)[kColsPerThread]) {
@@ -76,7 +67,7 @@ __global__ void __launch_bounds__(kTokenThreads) quantize_tokens_kernel(TokenPar
 
   float v[kColsPerThread] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (live) unpack_bf16x8(*reinterpret_cast<const uint4*>(p.x + at), v);
-  const float amax = lanes_amax<kThreadsPerGroupRow>(amax_of(0.0f, v));
+  const float amax = dev::lanes_amax<kThreadsPerGroupRow>(amax_of(0.0f, v));
   const dev::Fp8Scale s = dev::fp8_scale(amax);
   if (live) *reinterpret_cast<uint2*>(p.q + at) = quantize_x8(v, s.inv);
   if (group_live && sub == 0) p.scale[group] = s.scale;
@@ -118,7 +109,7 @@ __global__ void __launch_bounds__(kWeightThreads) quantize_weights_kernel(Weight
     amax = amax_of(amax, v);
   }
   __shared__ float warp_amax[kWeightThreads / 32];
-  amax = lanes_amax<32>(amax);
+  amax = dev::lanes_amax<32>(amax);
   if (dev::lane_id() == 0) warp_amax[threadIdx.x / 32] = amax;
   __syncthreads();
   amax = warp_amax[0];

@@ -48,6 +48,12 @@ BadCall bad(std::string what, Mutate mutate, Call call, std::string arg) {
   return {std::move(what), [l, call] { call(l); }, std::move(arg)};
 }
 
+TEST(Fp8Validation, E4m3IsOneByte) {
+  EXPECT_EQ(dtype_bytes(DType::e4m3), 1);
+  EXPECT_STREQ(dtype_name(DType::e4m3), "e4m3");
+  EXPECT_EQ(Tensor(fake_ptr(1), DType::e4m3, {3, 16}).bytes(), 48);
+}
+
 TEST(Fp8Validation, PlanIsFp8WithTheLayoutItNeeds) {
   const Fp8Layer l;
   EXPECT_EQ(l.plan.precision(), Precision::fp8);

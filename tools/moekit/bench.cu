@@ -80,9 +80,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   // small stages take kSmallStageReps per graph; the GEMMs are long enough alone.
   constexpr int kSmallStageReps = 10;
   auto timed = [&](const std::function<void(int)>& step, int reps = 1) {
-    LayerGraphs graph;
-    capture_rotated(graph, step, copies, reps, s);
-    return time_rotated_ms(graph, copies, warmup, steps, s) / reps;
+    return rotated_graph_ms(step, copies, reps, warmup, steps, s);
   };
   auto timed_eager = [&](const std::function<void(int)>& step) {
     return time_median_ms(s, warmup, steps, [&](int i) { step(i % copies); });

@@ -1,7 +1,8 @@
 // fp8_ffn_kernels.cuh — the small kernels of the cuBLASLt FP8 expert-FFN baseline (fp8_blas.cu,
 // the only includer): the gather of token rows and scales into cuBLASLt's layouts, the repack of
 // weight block scales, SwiGLU with per-row 128-column e4m3 quantization, and the combine; and the
-// host's e4m3 arithmetic its check uses. In an anonymous namespace, as ceilings.cuh.
+// host side of its check, on the oracle's e4m3 arithmetic (moekit/reference.hpp). In an anonymous
+// namespace, as ceilings.cuh.
 //
 // An expert's slot holds its gathered rows [r0, r0 + rows_pad) (rows_pad: its rows rounded up to a
 // multiple of 4); the scales of those rows' 128-column groups sit in cuBLASLt's VEC128 layout for
@@ -16,15 +17,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "moekit/reference.hpp"
+
 namespace moekit::cli {
 
 namespace {
 
 // The quantization of moekit's FP8 path (docs/design.md, "FP8"): per group of 128 values,
 // amax = max |v| (NaN if any v is NaN), a = max(amax, 2^-100), scale = a / 448 (dequantizes),
-// q = e4m3_rn_satfinite(v · (448 / a)); IEEE divisions, one rounding for the product.
-constexpr float kE4m3Max = 448.0f;
-constexpr float kE4m3AmaxFloor = 0x1p-100f;
+// q = e4m3_rn_satfinite(v · (448 / a)); IEEE divisions, one rounding for the product (the
+// constants are the oracle's, moekit/reference.hpp).
 
 __device__ __forceinline__ float max_nan(float a, float b) {
   float r;
@@ -98,8 +100,8 @@ __global__ void __launch_bounds__(kSwigluThreads)
   for (int q = 0; q < 4; ++q) amax = max_nan(amax, fabsf(v[q]));
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) amax = max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  const float a = max_nan(amax, kE4m3AmaxFloor);
-  const float inv = __fdiv_rn(kE4m3Max, a), scale = __fdiv_rn(a, kE4m3Max);
+  const float a = max_nan(amax, ref::kFp8AmaxFloor);
+  const float inv = __fdiv_rn(ref::kFp8Max, a), scale = __fdiv_rn(a, ref::kFp8Max);
   if (in) {
     const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
     const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
@@ -125,42 +127,28 @@ __global__ void combine_weighted_kernel(const __nv_bfloat16* __restrict__ out, c
 }
 
 // ---- host --------------------------------------------------------------------------------------
-// The exact value of an e4m3 (E4M3FN: no infinities; 0x7F and 0xFF are NaN).
-inline double e4m3_value(uint8_t q) {
-  const int e = (q >> 3) & 15, m = q & 7;
-  if (e == 15 && m == 7) return NAN;
-  const double v = e == 0 ? std::ldexp(double(m), -9) : std::ldexp(double(8 + m), e - 10);
-  return (q & 0x80) ? -v : v;
-}
-
-// All 256 values of e4m3_value, for the check's inner loops.
+// All 256 e4m3 values (ref::e4m3_to_float), for the check's inner loops.
 inline const double* e4m3_table() {
   static const std::vector<double> t = [] {
     std::vector<double> v(256);
-    for (int q = 0; q < 256; ++q) v[size_t(q)] = e4m3_value(uint8_t(q));
+    for (int q = 0; q < 256; ++q) v[size_t(q)] = ref::e4m3_to_float(ref::fp8(q));
     return v;
   }();
   return t.data();
 }
 
-// swiglu_quant_kernel's arithmetic for one row on the host, dequantized: act[f] = q[f] · scale.
+// swiglu_quant_kernel's arithmetic for one row on the host, dequantized: SwiGLU in FP32 as the
+// kernel spells it, each 128-column group quantized by ref::quantize_group (moekit's contract).
 inline std::vector<double> host_swiglu_quant(const std::vector<float>& gate, const std::vector<float>& up) {
   const int64_t F = int64_t(gate.size());
+  std::vector<float> v(static_cast<size_t>(F));
+  for (int64_t f = 0; f < F; ++f) v[size_t(f)] = gate[size_t(f)] / (1.0f + std::exp(-gate[size_t(f)])) * up[size_t(f)];
   std::vector<double> act(static_cast<size_t>(F));
-  std::vector<float> v(128);
+  std::vector<ref::fp8> q(128);
   for (int64_t g0 = 0; g0 < F; g0 += 128) {
     const int64_t n = std::min<int64_t>(128, F - g0);
-    float amax = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = gate[size_t(g0 + i)];
-      v[size_t(i)] = gi / (1.0f + std::exp(-gi)) * up[size_t(g0 + i)];
-      amax = std::isnan(v[size_t(i)]) || std::isnan(amax) ? NAN : std::max(amax, std::fabs(v[size_t(i)]));
-    }
-    const float a = std::isnan(amax) ? NAN : std::max(amax, kE4m3AmaxFloor);
-    const float inv = kE4m3Max / a, scale = a / kE4m3Max;
-    for (int64_t i = 0; i < n; ++i)
-      act[size_t(g0 + i)] =
-          e4m3_value(__nv_cvt_float_to_fp8(v[size_t(i)] * inv, __NV_SATFINITE, __NV_E4M3)) * double(scale);
+    const float scale = ref::quantize_group(v.data() + g0, n, q.data());
+    for (int64_t i = 0; i < n; ++i) act[size_t(g0 + i)] = double(ref::e4m3_to_float(q[size_t(i)])) * double(scale);
   }
   return act;
 }

@@ -142,4 +142,13 @@ inline double time_rotated_ms(const LayerGraphs& graphs, int copies, int warmup,
   return time_median_ms(stream, warmup, steps, [&](int i) { graphs.launch(i % copies, stream); });
 }
 
+// Median time of one step(c): `reps` back-to-back calls captured per weight copy
+// (capture_rotated), the graphs replayed in rotation, divided by reps.
+inline double rotated_graph_ms(const std::function<void(int)>& step, int copies, int reps, int warmup, int steps,
+                               cudaStream_t stream) {
+  LayerGraphs graphs;
+  capture_rotated(graphs, step, copies, reps, stream);
+  return time_rotated_ms(graphs, copies, warmup, steps, stream) / reps;
+}
+
 }  // namespace moekit::cli

@@ -34,7 +34,7 @@
 
 namespace moekit::kernels::gemm::mma_sync {
 
-inline constexpr int kFp8ScaleBlock = 128;  // moekit::kFp8Block (K and N of a weight scale block)
+using dev::kFp8Block;  // K and N of a weight scale block, the columns of an act group
 
 // Where a slot's scales live: a[BM] (one per tile row), then b[2] (the tile's first and second
 // 128-column weight block: Up's gate and up blocks, Down's blocks n0/128 and n0/128 + 1).
@@ -71,11 +71,11 @@ struct BlockScales {
       const int j = tid - BM;
       int64_t blk;
       if constexpr (M == Mode::Up) {
-        blk = (j == 0 ? 0 : p.b_up_block0) + n0 / kFp8ScaleBlock;  // gate's block, up's block
+        blk = (j == 0 ? 0 : p.b_up_block0) + n0 / kFp8Block;  // gate's block, up's block
         ok = true;
       } else {
-        blk = n0 / kFp8ScaleBlock + j;
-        ok = (n0 / kFp8ScaleBlock + j) * kFp8ScaleBlock < p.n_dim;
+        blk = n0 / kFp8Block + j;
+        ok = (n0 / kFp8Block + j) * kFp8Block < p.n_dim;
       }
       src = p.b_scale + int64_t(expert) * p.b_scale_expert_stride + (ok ? blk : 0) * kb;
     }
@@ -97,7 +97,7 @@ struct Fp8Mainloop {
   // The B scale block (0 or 1 of the slot's two) of n8 fragment f of this warp.
   __device__ __forceinline__ static int b_block(int f, const WarpTile<M, Cfg>& w) {
     if constexpr (M == Mode::Up) return f < NI / 2 ? 0 : 1;
-    else return (w.wn * Cfg::TN + f * 8) / kFp8ScaleBlock;
+    else return (w.wn * Cfg::TN + f * 8) / kFp8Block;
   }
 
   __device__ __forceinline__ void k_tile(const __nv_bfloat16* smem, int slot, const WarpTile<M, Cfg>& w) {
@@ -128,7 +128,7 @@ struct Fp8UpEpilogue : EpilogueRows<Mode::Up, Cfg> {
   using Base::ids, Base::MI, Base::NI, Base::BM;
   static constexpr int WN = Cfg::kWarpsN;
   static_assert(Cfg::kWarpsM == 1, "the amax exchange assumes the warps split N only");
-  static_assert(cols_per_tile(Mode::Up, Cfg::kBlockN) == kFp8ScaleBlock, "an up tile is one act group wide");
+  static_assert(cols_per_tile(Mode::Up, Cfg::kBlockN) == kFp8Block, "an up tile is one act group wide");
   static constexpr size_t kExchangeBytes = size_t(WN) * BM * 4;
 
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[MI][NI][4], const Item& it,
@@ -153,14 +153,12 @@ struct Fp8UpEpilogue : EpilogueRows<Mode::Up, Cfg> {
             amax[i][h] = dev::amax_step(amax[i][h], act[i][h][f][c]);
           }
         }
-        // The quad's four lanes hold the warp's columns of this row.
-        amax[i][h] = dev::max_nan(amax[i][h], __shfl_xor_sync(0xffffffffu, amax[i][h], 1));
-        amax[i][h] = dev::max_nan(amax[i][h], __shfl_xor_sync(0xffffffffu, amax[i][h], 2));
+        amax[i][h] = dev::lanes_amax<4>(amax[i][h]);  // the quad's lanes hold the warp's columns of the row
         if ((w.lane & 3) == 0) exchange[w.wn * BM + w.row(i, h)] = amax[i][h];
       }
     __syncthreads();  // every warp's amax of every row (the next item's exchange is a K-step away)
     const int64_t row0 = it.block * BM;
-    const int64_t n0 = it.n_tile * kFp8ScaleBlock;
+    const int64_t n0 = it.n_tile * kFp8Block;
     uint8_t* out = reinterpret_cast<uint8_t*>(p.out);
 #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -179,7 +177,7 @@ struct Fp8UpEpilogue : EpilogueRows<Mode::Up, Cfg> {
           if (n < p.n_dim)
             *reinterpret_cast<uint16_t*>(out_row + n) = dev::pack_e4m3x2(act[i][h][f][0] * s.inv, act[i][h][f][1] * s.inv);
         }
-        if (w.wn == 0 && (w.lane & 3) == 0) p.out_scale[(row0 + r) * ((p.n_dim + kFp8ScaleBlock - 1) / kFp8ScaleBlock) + it.n_tile] = s.scale;
+        if (w.wn == 0 && (w.lane & 3) == 0) p.out_scale[(row0 + r) * ((p.n_dim + kFp8Block - 1) / kFp8Block) + it.n_tile] = s.scale;
       }
   }
 };
@@ -188,7 +186,7 @@ template <Mode M, class Cfg>
 struct Fp8Parts {
   // The up tile must be one act group wide; any down tile (at most two weight blocks wide).
   static constexpr bool kCompiled =
-      M == Mode::Down ? Cfg::kBlockN <= 2 * kFp8ScaleBlock : cols_per_tile(M, Cfg::kBlockN) == kFp8ScaleBlock;
+      M == Mode::Down ? Cfg::kBlockN <= 2 * kFp8Block : cols_per_tile(M, Cfg::kBlockN) == kFp8Block;
   using Loader = mma_sync::Loader<M, Cfg, BlockScales<M, Cfg>>;
   using Mainloop = Fp8Mainloop<M, Cfg>;
   using Epilogue = std::conditional_t<M == Mode::Up, Fp8UpEpilogue<Cfg>, mma_sync::Epilogue<Mode::Down, Cfg>>;

@@ -23,6 +23,7 @@
 
 namespace moekit::kernels::gemm::sm90 {
 
+static_assert(kFp8BlockK == dev::kFp8Block, "a stage is one scale block deep");
 inline constexpr int kHalfAccs = 64;                          // one m64n128 sum per thread
 inline constexpr uint32_t kHalfBBytes = 128 * kRowBytes;      // B rows 128..255 of a stage
 
@@ -79,7 +80,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
 template <class Cfg>
 struct Fp8UpEpilogue {
   static constexpr int kUpBlock0 = Cfg::kBlockN / 16;  // first n8 block of "up"
-  static_assert(cols_per_tile(Mode::Up, Cfg::kBlockN) == 128, "an up tile is one act group wide");
+  static_assert(cols_per_tile(Mode::Up, Cfg::kBlockN) == dev::kFp8Block, "an up tile is one act group wide");
   __device__ __forceinline__ void load_row_data(const Params&, const int32_t (&)[2]) {}
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
@@ -102,8 +103,7 @@ struct Fp8UpEpilogue {
           amax = dev::amax_step(amax, a);
         }
     }
-    amax = dev::max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = dev::max_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    amax = dev::lanes_amax<4>(amax);
     const dev::Fp8Scale s = dev::fp8_scale(amax);
     const bool row_ok = id < p.num_assign;
     uint8_t* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(out_row) * p.n_dim;
@@ -125,7 +125,8 @@ struct Fp8UpEpilogue {
       if (row_ok && n_lo < p.n_dim) *reinterpret_cast<uint2*>(out + n_lo) = lo8;
       if (row_ok && n_hi < p.n_dim) *reinterpret_cast<uint2*>(out + n_hi) = hi8;
     }
-    if (row_ok && q == 0) p.out_scale[int64_t(out_row) * ((p.n_dim + 127) / 128) + n0 / 128] = s.scale;
+    constexpr int B = dev::kFp8Block;
+    if (row_ok && q == 0) p.out_scale[int64_t(out_row) * ((p.n_dim + B - 1) / B) + n0 / B] = s.scale;
   }
 };
 

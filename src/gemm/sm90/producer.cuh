@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "common/fp8.cuh"
 #include "gemm/common.cuh"
 #include "gemm/sm90/layout.hpp"
 #include "gemm/sm90/pipeline.cuh"
@@ -79,7 +80,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int32_t blk = M == Mode::Up ? (j == 0 ? 0 : int32_t(p.b_up_block0)) + tile.n_tile : 2 * tile.n_tile + j;
-          b_scale_ok[j] = M == Mode::Up || (2 * tile.n_tile + j) * 128 < p.n_dim;
+          b_scale_ok[j] = M == Mode::Up || (2 * tile.n_tile + j) * dev::kFp8Block < p.n_dim;
           b_scale_src[j] = p.b_scale + int64_t(expert) * p.b_scale_expert_stride + int64_t(blk) * k_tiles;
         }
       }
