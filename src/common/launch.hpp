@@ -6,34 +6,57 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <utility>
 
 #include "common/cuda_check.hpp"
 
 namespace moekit::detail {
 
-// cudaLaunchKernelEx with one launch attribute, checked.
-template <class... KernelParams, class... Args>
-void launch_with(const char* name, const cudaLaunchAttribute& attr, void (*kernel)(KernelParams...), dim3 grid,
+// cudaLaunchKernelEx with N launch attributes, checked.
+template <size_t N, class... KernelParams, class... Args>
+void launch_with(const char* name, const cudaLaunchAttribute (&attrs)[N], void (*kernel)(KernelParams...), dim3 grid,
                  dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attrs[1] = {attr};
-  cfg.attrs = attrs;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute copy[N];
+  for (size_t i = 0; i < N; ++i) copy[i] = attrs[i];
+  cfg.attrs = copy;
+  cfg.numAttrs = unsigned(N);
   cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name, __FILE__, __LINE__);
+}
+
+inline cudaLaunchAttribute pdl_attribute() {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return attr;
+}
+inline cudaLaunchAttribute cluster_attribute(unsigned cluster_x) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster_x;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  return attr;
 }
 
 template <class... KernelParams, class... Args>
 void launch_pdl(const char* name, void (*kernel)(KernelParams...), dim3 grid, dim3 block, size_t smem,
                 cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  launch_with(name, attr, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+  const cudaLaunchAttribute attrs[1] = {pdl_attribute()};
+  launch_with(name, attrs, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// PDL with clusters of `cluster_x` CTAs along x (grid.x a multiple of it).
+template <class... KernelParams, class... Args>
+void launch_pdl_cluster(const char* name, unsigned cluster_x, void (*kernel)(KernelParams...), dim3 grid, dim3 block,
+                        size_t smem, cudaStream_t stream, Args&&... args) {
+  const cudaLaunchAttribute attrs[2] = {pdl_attribute(), cluster_attribute(cluster_x)};
+  launch_with(name, attrs, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // A cooperative launch (every CTA resident at once, so the kernel may barrier across the grid):
@@ -42,10 +65,10 @@ void launch_pdl(const char* name, void (*kernel)(KernelParams...), dim3 grid, di
 template <class... KernelParams, class... Args>
 void launch_cooperative(const char* name, void (*kernel)(KernelParams...), dim3 grid, dim3 block, size_t smem,
                         cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  launch_with(name, attr, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+  cudaLaunchAttribute attrs[1] = {};
+  attrs[0].id = cudaLaunchAttributeCooperative;
+  attrs[0].val.cooperative = 1;
+  launch_with(name, attrs, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace moekit::detail

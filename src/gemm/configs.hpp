@@ -29,12 +29,19 @@
   X(256, 4)                     \
   X(128, 6)
 
-// FP8 (e4m3, block scales): block_k is 128 e4m3 elements, one scale block deep, so every K-tile
-// is promoted once. The up GEMM's tile must hold whole 128-column groups of act (its epilogue
+// FP8 (e4m3, block scales): block_k counts e4m3 elements, one or two 128-deep scale blocks, each
+// promoted on its own. The up GEMM's tile must hold whole 128-column groups of act (its epilogue
 // quantizes them): block_n 256 (128 gate + 128 up rows). Down tiles of any compiled block_n.
-// mma.sync (decode): X(block_m, block_n, block_k, warps_m, warps_n, stages), as above.
+// mma.sync (decode): X(block_m, block_n, block_k, warps_m, warps_n, stages), as above; block_k
+// 256 moves the bf16 tiles' 256 bytes a row per stage. An up tile narrower than 256 runs as a
+// cluster of CTAs per act group (gemm/mma_sync/fp8.cuh). The first is the heuristic's for both
+// GEMMs: `moekit tune` on the H200 chose it for both at DeepSeek-V3 T=1-64 and Mixtral T=1-32,
+// and for up at Qwen3 T=2-64 (configs/nvidia-h200.json); Qwen3 T=1 took the 4-CTA cluster up.
 #define MOEKIT_GEMM_FP8_CONFIGS(X) \
-  X(16, 64, 128, 1, 4, 4)          \
+  X(16, 256, 256, 1, 8, 3)         \
+  X(16, 64, 256, 1, 4, 4)          \
+  X(16, 64, 256, 1, 4, 3)          \
+  X(16, 32, 256, 1, 2, 4)          \
   X(16, 256, 128, 1, 4, 4)
 // wgmma (prefill): X(block_n, stages), block_m 128, block_k 128.
 #define MOEKIT_WGMMA_FP8_CONFIGS(X) \

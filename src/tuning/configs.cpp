@@ -18,6 +18,13 @@ static_assert(kernels::gemm::sm90::kBlockM <= tuning::kLargestBlockM, "kLargestB
 
 const char* precision_name(Precision p) { return p == Precision::fp8 ? "fp8" : "bf16"; }
 
+bool tuning::up_config_ok(const GemmConfig& c) {
+  if (c.precision != Precision::fp8) return true;
+  const int64_t cols = c.block_n / 2;  // act columns of the tile
+  if (c.kernel == GemmKernel::wgmma) return cols == kFp8Block;
+  return cols > 0 && kFp8Block % cols == 0 && kFp8Block / cols <= 8;
+}
+
 std::string GemmConfig::str() const {
   return std::string(precision == Precision::fp8 ? "fp8-" : "") + (kernel == GemmKernel::wgmma ? "wgmma-" : "") + "m" + std::to_string(block_m) + "n" +
          std::to_string(block_n) + "k" + std::to_string(block_k) + "w" + std::to_string(warps_m) + "x" +

@@ -127,11 +127,11 @@ ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& devi
   const bool decode = rows <= tuning::kDecodeRowsPerExpert * shape.experts;
   const GemmKernel kernel = decode ? GemmKernel::mma_sync : GemmKernel::wgmma;
   const int block_m = decode ? 16 : kernels::gemm::sm90::kBlockM;
-  // The first compiled config of the precision, kernel and block_m that fits (fp8 up: block_n 256).
+  // The first compiled config of the precision, kernel and block_m that fits (and can be up).
   auto first = [&](bool up) -> const GemmConfig& {
     for (const GemmConfig& c : compiled_gemm_configs(precision))
       if (c.block_m == block_m && c.kernel == kernel &&
-          (!up || precision != Precision::fp8 || c.block_n == 2 * kFp8Block) &&
+          (!up || tuning::up_config_ok(c)) &&
           tuning::gemm_smem_bytes(c) <= device.smem_per_block_optin)
         return c;
     detail::fail("plan_forward", "device", "no compiled GEMM config fits its shared memory");

@@ -42,9 +42,11 @@ ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const
     detail::fail("plan_forward", "down", "block_m must equal the up config's: both GEMMs read one aligned layout");
   if (up.precision != down.precision)
     detail::fail("plan_forward", "down", "precision must equal the up config's (" + std::string(precision_name(up.precision)) + ")");
-  if (up.precision == Precision::fp8 && up.block_n != 2 * kFp8Block)
-    detail::fail("plan_forward", "up", "an fp8 up config needs block_n " + std::to_string(2 * kFp8Block) +
-                                           " (its epilogue quantizes whole 128-column groups of act), got " + up.str());
+  if (!tuning::up_config_ok(up))
+    detail::fail("plan_forward", "up",
+                 "an fp8 up config needs block_n " + std::to_string(2 * kFp8Block) +
+                     ", or for mma.sync 128, 64 or 32 (its epilogue quantizes whole 128-column groups of act, "
+                     "alone or as a cluster), got " + up.str());
   detail::expect_shape_precision(shape, up.precision, "plan_forward");
   if (down_splits < 1 || down_splits > kMaxDownSplits)
     detail::fail("plan_forward", "down_splits",

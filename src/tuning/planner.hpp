@@ -16,6 +16,11 @@ namespace moekit::tuning {
 // plan_forward uses the device's own value.
 inline constexpr int64_t kSm90SmemPerBlockOptin = 227 * 1024;
 
+// Whether `c` can be an up config: any bf16 config; an fp8 tile must cover whole 128-column act
+// groups (its epilogue quantizes them): block_n 256 (128 gate + 128 up rows), or for the mma.sync
+// kernel 1/2, 1/4 or 1/8 of a group (a cluster of CTAs per group, gemm/mma_sync/fp8.cuh).
+bool up_config_ok(const GemmConfig& c);
+
 // The largest block_m of any compiled config (the wgmma tile; configs.cpp checks every config
 // against it): shape validation sizes the worst-case layout with it.
 inline constexpr int kLargestBlockM = 128;

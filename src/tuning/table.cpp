@@ -40,7 +40,7 @@ static bool fits(const GemmConfig& c, const DeviceInfo& device) {
 // The rules plan_forward_with enforces (plus shared memory), as a predicate instead of a throw.
 static bool valid_choice(const TileChoice& t, const DeviceInfo& device) {
   return t.up.block_m == t.down.block_m && t.up.precision == t.down.precision &&
-         (t.up.precision != Precision::fp8 || t.up.block_n == 2 * kFp8Block) && t.down_splits >= 1 && t.down_splits <= kMaxDownSplits &&
+         up_config_ok(t.up) && t.down_splits >= 1 && t.down_splits <= kMaxDownSplits &&
          (t.down_splits == 1 || t.down.kernel == GemmKernel::mma_sync) && fits(t.up, device) && fits(t.down, device);
 }
 
@@ -109,7 +109,7 @@ std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo&
     for (const GemmConfig& up : compiled)
       for (const GemmConfig& down : compiled) {
         if (up.block_m != bm || down.block_m != bm || !fits(up, device) || !fits(down, device)) continue;
-        if (precision == Precision::fp8 && up.block_n != 2 * kFp8Block) continue;  // plan_with's rule
+        if (!up_config_ok(up)) continue;  // plan_with's rule
         // Split-K is the mma.sync kernel's; an empty K-slice would only add a zero partial.
         const int64_t k_tiles = (shape.inter + down.block_k - 1) / down.block_k;
         for (int splits = 1; splits <= kMaxDownSplits; splits *= 2) {

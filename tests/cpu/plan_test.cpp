@@ -8,6 +8,7 @@
 
 #include "common/validate.hpp"
 #include "cpu_test_util.hpp"
+#include "tuning/planner.hpp"
 
 namespace moekit::testing {
 namespace {
@@ -99,11 +100,11 @@ TEST(Plan, DeviceMustBeHopperWithEnoughSharedMemory) {
 
 TEST(Plan, PlanForwardWithTakesCompiledConfigsOnly) {
   const MoeShape s = shape_of(kPresets[1], 4096);
-  // Every compiled config, as both GEMMs' (an fp8 down-only config with the fp8 up config of its
-  // block_m: the up epilogue quantizes whole 128-column groups, so an fp8 up tile has block_n 256).
+  // Every compiled config, as both GEMMs' (an fp8 down-only config with an fp8 up config of its
+  // block_m: the up epilogue quantizes whole 128-column groups, tuning::up_config_ok).
   auto fp8_up_of = [](const GemmConfig& c) {
     for (const GemmConfig& u : compiled_gemm_configs(Precision::fp8))
-      if (u.kernel == c.kernel && u.block_m == c.block_m && u.block_n == 256) return u;
+      if (u.kernel == c.kernel && u.block_m == c.block_m && tuning::up_config_ok(u)) return u;
     ADD_FAILURE() << "no fp8 up config for " << c.str();
     return c;
   };
@@ -113,7 +114,7 @@ TEST(Plan, PlanForwardWithTakesCompiledConfigsOnly) {
     every.push_back(c);
   }
   for (const GemmConfig& c : every) {
-    const bool down_only = c.precision == Precision::fp8 && c.block_n != 256;
+    const bool down_only = !tuning::up_config_ok(c);
     const GemmConfig up = down_only ? fp8_up_of(c) : c;
     const ForwardPlan plan = plan_forward_with(s, up, c);
     EXPECT_EQ(plan.block_m(), c.block_m);

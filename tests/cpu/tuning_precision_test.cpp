@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpu_test_util.hpp"
+#include "tuning/planner.hpp"
 #include "tuning/table.hpp"
 
 namespace moekit::testing {
@@ -131,7 +132,6 @@ TEST(TuningPrecision, EntriesMixingThePrecisionsOrBreakingFp8RulesAreSkipped) {
   const Mixed mixed[] = {
       {"fp8 up, bf16 down", entry(0.25, fp8_up(), bf16_decode(), 1)},
       {"bf16 up, fp8 down", entry(0.25, bf16_decode(), fp8_down(), 1)},
-      {"fp8 up without block_n 256", entry(0.25, fp8_down(), fp8_down(), 1)},
   };
   for (const Mixed& m : mixed) {
     SCOPED_TRACE(m.why);
@@ -196,7 +196,7 @@ TEST(TuningPrecision, MergeKeepsThePrecisionsBucketsApart) {
   EXPECT_THROW(tuning::merge_records({}, {record(2, f), record(2, f)}, true), Error);
 }
 
-TEST(TuningPrecision, Fp8CandidatesAreFp8PairsWithUpBlockN256) {
+TEST(TuningPrecision, Fp8CandidatesAreFp8PairsWithGroupWideUpTiles) {
   const DeviceInfo d = test_gpu();
   for (const MoeShape& shape : {deepseek(1), MoeShape{1, 4096, 14336, 8, 2}, MoeShape{1, 2048, 768, 128, 8}}) {
     SCOPED_TRACE(::testing::Message() << "F=" << shape.inter);
@@ -206,7 +206,7 @@ TEST(TuningPrecision, Fp8CandidatesAreFp8PairsWithUpBlockN256) {
     for (const tuning::TileChoice& c : cands) {
       EXPECT_EQ(c.up.precision, Precision::fp8) << c.up.str();
       EXPECT_EQ(c.down.precision, Precision::fp8) << c.down.str();
-      EXPECT_EQ(c.up.block_n, 2 * kFp8Block) << c.up.str();
+      EXPECT_TRUE(tuning::up_config_ok(c.up)) << c.up.str();
       EXPECT_EQ(c.up.block_m, c.down.block_m);
       EXPECT_NO_THROW(plan_forward_with(shape, c.up, c.down, c.down_splits)) << c.up.str() << " " << c.down.str();
       block_ms.insert(c.up.block_m);
@@ -217,7 +217,7 @@ TEST(TuningPrecision, Fp8CandidatesAreFp8PairsWithUpBlockN256) {
           << down.str();
     std::set<int> up_block_ms;
     for (const GemmConfig& up : compiled_gemm_configs(Precision::fp8))
-      if (up.block_n == 2 * kFp8Block) up_block_ms.insert(up.block_m);
+      if (tuning::up_config_ok(up)) up_block_ms.insert(up.block_m);
     EXPECT_EQ(block_ms, up_block_ms);
     // The heuristic's fp8 plan is one of them (tune times it first).
     for (int64_t T : {1, 16, 64, 512, 4096}) {

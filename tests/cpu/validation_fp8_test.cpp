@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cpu_test_util.hpp"
+#include "tuning/planner.hpp"
 
 namespace moekit::testing {
 namespace {
@@ -57,7 +58,7 @@ TEST(Fp8Validation, E4m3IsOneByte) {
 TEST(Fp8Validation, PlanIsFp8WithTheLayoutItNeeds) {
   const Fp8Layer l;
   EXPECT_EQ(l.plan.precision(), Precision::fp8);
-  EXPECT_EQ(l.plan.up.block_n, 2 * kFp8Block);  // whole 128-column act groups per up tile
+  EXPECT_TRUE(tuning::up_config_ok(l.plan.up));  // whole 128-column act groups per up tile or cluster
   const Workspace ws = carve_workspace(l.plan, l.workspace, l.bytes);
   EXPECT_EQ(ws.act.dtype, DType::e4m3);
   EXPECT_EQ(ws.x_q.dtype, DType::e4m3);
@@ -116,14 +117,29 @@ TEST(Fp8Validation, StagedGemms) {
   });
 }
 
+// The up epilogue quantizes 128-column act groups: an fp8 tile (block_n/2 act columns) covers
+// one group, or 1/2, 1/4, 1/8 of one as a cluster of CTAs (mma.sync only; a cluster of at most
+// 8, the portable size). Any bf16 config can be up.
+TEST(Fp8Validation, UpTilesCoverWholeActGroups) {
+  auto cfg = [](int block_n, GemmKernel k, Precision p = Precision::fp8) {
+    return GemmConfig{16, block_n, 256, 1, 4, 4, k, p};
+  };
+  for (int bn : {256, 128, 64, 32}) EXPECT_TRUE(tuning::up_config_ok(cfg(bn, GemmKernel::mma_sync))) << bn;
+  for (int bn : {16, 96, 192, 512}) EXPECT_FALSE(tuning::up_config_ok(cfg(bn, GemmKernel::mma_sync))) << bn;
+  EXPECT_TRUE(tuning::up_config_ok(cfg(256, GemmKernel::wgmma)));
+  EXPECT_FALSE(tuning::up_config_ok(cfg(128, GemmKernel::wgmma)));  // the wgmma kernel has no cluster
+  EXPECT_TRUE(tuning::up_config_ok(cfg(96, GemmKernel::mma_sync, Precision::bf16)));
+}
+
 TEST(Fp8Validation, Planning) {
   EXPECT_TRUE(throws_naming([] { plan_forward(MoeShape{kT, 200, kF, kE, kK}, kH200, Precision::fp8); }, "shape.hidden"));
   EXPECT_TRUE(throws_naming([] { plan_forward(MoeShape{kT, kH, 200, kE, kK}, kH200, Precision::fp8); }, "shape.inter"));
   EXPECT_NO_THROW(plan_forward(MoeShape{kT, 200, 200, kE, kK}, kH200));  // bf16 needs multiples of 8 only
-  // An fp8 up config must be one act group wide; configs of two precisions never pair.
+  // An fp8 up tile must cover whole act groups (tuning::up_config_ok); configs of two precisions
+  // never pair.
   const ForwardPlan p = plan_forward(MoeShape{kT, kH, kF, kE, kK}, kH200, Precision::fp8);
   for (const GemmConfig& c : compiled_gemm_configs(Precision::fp8))
-    if (c.block_n != 2 * kFp8Block && c.block_m == p.block_m())
+    if (!tuning::up_config_ok(c) && c.block_m == p.block_m())
       EXPECT_TRUE(throws_naming([&] { plan_forward_with(p.shape, c, p.down); }, "up"));
   EXPECT_TRUE(throws_naming([&] { plan_forward_with(p.shape, p.up, compiled_gemm_configs().front()); }, "down"));
 }

@@ -31,6 +31,7 @@
 #include <cmath>
 
 #include "gpu_util.hpp"
+#include "tuning/planner.hpp"
 
 namespace moekit::test {
 namespace {
@@ -221,16 +222,25 @@ class Fp8ForwardTest : public GpuTest {
   }
 };
 
-// The fp8 plans of a shape: decode (16-row mma.sync, split-K 1 and 2) and prefill (wgmma).
+// The fp8 plans of a shape: every compiled config once as up (with its family's first down) and
+// once as down (with the first up; split-K 1 and 2 for mma.sync): each kernel instance runs,
+// without the square of the configs' count.
 std::vector<ForwardPlan> fp8_plans(const MoeShape& s) {
   std::vector<ForwardPlan> plans;
   const auto& cs = compiled_gemm_configs(Precision::fp8);
+  auto first = [&](const GemmConfig& like, bool up) -> const GemmConfig* {
+    for (const GemmConfig& c : cs)
+      if (c.block_m == like.block_m && c.kernel == like.kernel && (!up || tuning::up_config_ok(c))) return &c;
+    return nullptr;
+  };
   for (const GemmConfig& up : cs)
-    for (const GemmConfig& down : cs) {
-      if (up.block_m != down.block_m || up.block_n != 256) continue;
-      plans.push_back(plan_forward_with(s, up, down));
-      if (down.kernel == GemmKernel::mma_sync) plans.push_back(plan_forward_with(s, up, down, 2));
-    }
+    if (tuning::up_config_ok(up)) plans.push_back(plan_forward_with(s, up, *first(up, false)));
+  for (const GemmConfig& down : cs) {
+    const GemmConfig* up = first(down, true);
+    if (up == nullptr) continue;
+    if (down != *first(down, false)) plans.push_back(plan_forward_with(s, *up, down));
+    if (down.kernel == GemmKernel::mma_sync) plans.push_back(plan_forward_with(s, *up, down, 2));
+  }
   return plans;
 }
 

@@ -3,7 +3,8 @@
 // cp.async stream of A and B), Mainloop (mainloop.cuh: ldmatrix + mma per K-tile) and Epilogue
 // (epilogue.cuh: SwiGLU, or the routing weight and the store). The contract is gemm/common.cuh's.
 // A precision is a set of parts: Bf16Parts here, Fp8Parts (fp8.cuh: the block scales' loads, the
-// per-K-tile promotion, act quantized in the up epilogue).
+// per-K-tile promotion, act quantized in the up epilogue, and for its narrow up tiles a cluster of
+// CTAs per item: Parts::kCluster, launched with that cluster shape).
 //
 // One loop walks the CTA's K-tile stream through a STAGES-deep ring: step s waits for K-tile s,
 // refills the slot that step s - 1 freed with K-tile s + STAGES - 1, and multiplies K-tile s; when
@@ -12,6 +13,7 @@
 // bitwise those of a tile-at-a-time loop.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -28,6 +30,8 @@ namespace moekit::kernels::gemm::mma_sync {
 
 template <Mode M, class Cfg>
 struct Bf16Parts {
+  static constexpr int kCluster = 1;
+  using Sched = DealtSchedule<Cfg>;
   using Loader = mma_sync::Loader<M, Cfg>;
   using Mainloop = mma_sync::Mainloop<M, Cfg>;
   using Epilogue = mma_sync::Epilogue<M, Cfg>;
@@ -41,7 +45,7 @@ expert_gemm_kernel(const Params p) {
   dev::pdl_enter();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
-  const DealtSchedule<Cfg> sched(p);
+  const typename Parts::Sched sched(p);
   if (!sched.cta_has_items()) return;
   const int64_t k_tiles_total = (p.k_dim + BK - 1) / BK;
   const int tid = int(threadIdx.x);
@@ -68,6 +72,7 @@ expert_gemm_kernel(const Params p) {
         c_item = sched.next(c_item);
         if (sched.done(c_item)) {
           dev::cp_async_wait<0>();
+          if constexpr (Parts::kCluster > 1) cooperative_groups::this_cluster().sync();  // peers' last reads of our smem
           return;
         }
         c_it = sched.at(p, c_item);

@@ -22,19 +22,33 @@ using kernels::gemm::Params;
 
 namespace ms = kernels::gemm::mma_sync;
 
-// Cfg: the smem tile in 2-byte units (an fp8 config's block_k of 128 e4m3 is 64 units).
+// Cfg: the smem tile in 2-byte units (an fp8 config's block_k of 128 or 256 e4m3 is 64 or 128 units).
 template <Mode M, class Cfg, class Parts>
 void launch_instance(Params p, int64_t max_blocks, cudaStream_t stream) {
   constexpr int BN = Cfg::kBlockN, BK = Cfg::kBlockK;
   constexpr size_t kSmem = Parts::kSmemBytes;
   auto kernel = ms::expert_gemm_kernel<M, Cfg, Parts>;
+  constexpr int C = Parts::kCluster;  // CTAs per cluster (FP8 narrow up tiles), else 1
   // Once per instance and device: raise the shared-memory limit and size the persistent grid
-  // from the device (SM count x resident CTAs). Not per call: keeps the hot path free of queries.
+  // from the device (SM count x resident CTAs, or resident clusters x C). Not per call: keeps the
+  // hot path free of queries.
   static PerDevice<int64_t> resident;
   const int64_t resident_ctas = resident.get([&](int device) {
     MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     int sms = 0, per_sm = 0;
     MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if constexpr (C > 1) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(C * sms));
+      cfg.blockDim = dim3(Cfg::kThreads);
+      cfg.dynamicSmemBytes = kSmem;
+      cudaLaunchAttribute attr = cluster_attribute(unsigned(C));
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      MK_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+      return int64_t(std::max(clusters, 1)) * C;
+    }
     MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Cfg::kThreads, kSmem));
     return int64_t(sms) * std::max(per_sm, 1);
   });
@@ -42,8 +56,13 @@ void launch_instance(Params p, int64_t max_blocks, cudaStream_t stream) {
   p.n_tiles = (p.n_dim + cols - 1) / cols;
   const int64_t k_tiles = (p.k_dim + BK - 1) / BK;
   p.k_tiles_per_split = (k_tiles + p.k_splits - 1) / p.k_splits;
-  const int64_t grid = std::max<int64_t>(1, std::min(resident_ctas, max_blocks * p.n_tiles * p.k_splits));
-  launch_pdl("expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(Cfg::kThreads), kSmem, stream, p);
+  const int64_t items = max_blocks * ((p.n_tiles + C - 1) / C) * p.k_splits;  // per cluster
+  const int64_t grid = C * std::max<int64_t>(1, std::min(resident_ctas / C, items));
+  if constexpr (C > 1)
+    launch_pdl_cluster("expert_gemm_kernel", unsigned(C), kernel, dim3(unsigned(grid)), dim3(Cfg::kThreads), kSmem,
+                       stream, p);
+  else
+    launch_pdl("expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(Cfg::kThreads), kSmem, stream, p);
 }
 
 template <Mode M>

@@ -25,11 +25,11 @@ namespace moekit::kernels::gemm::mma_sync {
 // load: issue K-tile kt's loads into ring slot `slot`.
 struct NoScales {
   __device__ __forceinline__ void fetch(const Params&, int64_t, int) {}
-  __device__ __forceinline__ void bind(const Params&, int64_t, int64_t, int, int64_t, int) {}
+  __device__ __forceinline__ void bind(const Params&, int64_t, int64_t, int, int) {}
   __device__ __forceinline__ void load(const Params&, unsigned char*, int, int64_t, int) {}
 };
 
-template <Mode M, class Cfg, class Scales = NoScales>
+template <Mode M, class Cfg, class Scales = NoScales, class Sched = DealtSchedule<Cfg>>
 struct Loader {
   static constexpr int CH = Cfg::kChunks, kAI = Cfg::kAIters, kBI = Cfg::kBIters, BN = Cfg::kBlockN;
   static constexpr int BM = Cfg::kBlockM, BK = Cfg::kBlockK;
@@ -39,7 +39,7 @@ struct Loader {
   static constexpr int kRowStep = Cfg::kThreads / CH;  // rows between a thread's chunks
 
   const Params& p;
-  const DealtSchedule<Cfg>& sched;
+  const Sched& sched;
   const int64_t k_tiles_total;
   const int tid;
   // The stream: K-tiles ld_kt .. ld_end (absolute) of item ld_item. It starts one stride before
@@ -56,7 +56,7 @@ struct Loader {
   int32_t nx_ids[kAI];
   Scales scales;
 
-  __device__ __forceinline__ Loader(const Params& p_, const DealtSchedule<Cfg>& s, int64_t k_tiles, int t)
+  __device__ __forceinline__ Loader(const Params& p_, const Sched& s, int64_t k_tiles, int t)
       : p(p_), sched(s), k_tiles_total(k_tiles), tid(t), ld_item(s.first() - s.stride) {
     fetch_routing(s.first());
   }
@@ -85,7 +85,7 @@ struct Loader {
       a_src[i] = p.a + src_row * p.k_dim + c * 8;
     }
     const int64_t n0 = it.n_tile * cols_per_tile(M, BN);
-    scales.bind(p, it.block, n0, expert, k_tiles_total, tid);
+    scales.bind(p, it.block, n0, expert, tid);
     const __nv_bfloat16* b_expert = p.b + int64_t(expert) * p.b_expert_stride;
     if constexpr (kCompactB) {
       static_assert(M == Mode::Down || (BN / 2) % kRowStep == 0, "each half starts on a chunk row");

@@ -66,10 +66,17 @@ struct Mainloop {
 
   // acc += A·Bᵀ over the K-tile in ring slot `slot`.
   __device__ __forceinline__ void k_tile(const __nv_bfloat16* smem, int slot, const WarpTile<M, Cfg>& w) {
+    k_steps<0, BK / 16>(smem, slot, w);
+  }
+
+  // acc += A·Bᵀ over K-steps [KK0, KK1) of the K-tile in `slot` (16 units each: an FP8 K-tile of
+  // two scale blocks is summed one block at a time).
+  template <int KK0, int KK1>
+  __device__ __forceinline__ void k_steps(const __nv_bfloat16* smem, int slot, const WarpTile<M, Cfg>& w) {
     const __nv_bfloat16* sa = smem + slot * Cfg::kStageElems;
     const __nv_bfloat16* sb = sa + BM * BK;
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
+    for (int kk = KK0; kk < KK1; ++kk) {
       uint32_t af[MI][4];
 #pragma unroll
       for (int i = 0; i < MI; ++i) {

@@ -21,26 +21,35 @@ struct Item {
   int split;
 };
 
-template <class Cfg>
+// kCluster > 1 (the FP8 up GEMM's narrow tiles, fp8.cuh): a cluster of kCluster CTAs takes
+// each item together, CTA rank r its column tile kCluster·j + r of the item's column group j;
+// the clusters are dealt the items as single CTAs are.
+template <class Cfg, int kCluster = 1>
 struct DealtSchedule {
-  int64_t blocks, items, stride;
+  int64_t blocks, n_groups, items, stride;
 
   __device__ __forceinline__ explicit DealtSchedule(const Params& p)
       : blocks(*p.num_rows_padded / Cfg::kBlockM),
-        items(blocks * p.n_tiles * p.k_splits),
-        stride(wave_stride(items, gridDim.x)) {}
+        n_groups((p.n_tiles + kCluster - 1) / kCluster),
+        items(blocks * n_groups * p.k_splits),
+        stride(wave_stride(items, gridDim.x / kCluster)) {}
 
-  // Whether this CTA takes any item (else it exits before touching shared memory).
-  __device__ __forceinline__ bool cta_has_items() const { return blockIdx.x < stride && blockIdx.x < items; }
-  // The item this CTA takes after `item` (its first: blockIdx.x); >= items once it is done.
-  __device__ __forceinline__ int64_t first() const { return int64_t(blockIdx.x); }
+  // This CTA's place: its cluster (the unit items are dealt to) and its rank in it.
+  __device__ __forceinline__ static int64_t unit() { return int64_t(blockIdx.x / kCluster); }
+  __device__ __forceinline__ static int rank() { return int(blockIdx.x % kCluster); }
+
+  // Whether this CTA takes any item (else it exits before touching shared memory; a cluster's
+  // CTAs decide alike).
+  __device__ __forceinline__ bool cta_has_items() const { return unit() < stride && unit() < items; }
+  // The item this CTA takes after `item` (its first: its unit); >= items once it is done.
+  __device__ __forceinline__ int64_t first() const { return unit(); }
   __device__ __forceinline__ int64_t next(int64_t item) const { return item + stride; }
   __device__ __forceinline__ bool done(int64_t item) const { return item >= items; }
 
   __device__ __forceinline__ Item at(const Params& p, int64_t item) const {
     const int split = int(item % p.k_splits);
-    const GroupedTile<int64_t> t = grouped_tile(item / p.k_splits, blocks, p.n_tiles);
-    return {t.block, t.n_tile, split};
+    const GroupedTile<int64_t> t = grouped_tile(item / p.k_splits, blocks, n_groups);
+    return {t.block, t.n_tile * kCluster + rank(), split};
   }
 };
 
