@@ -112,6 +112,11 @@ struct BackwardInputs {
   Tensor expert_counts;    // [E] i32
   Tensor h;                // [max_rows, 2F] bf16: SavedActivations::h only
   Tensor dy;               // [T, H] bf16: the gradient of the layer's output y
+  // [T, E] f32, optional (RouterGrad::gate): the gradient of losses the caller computed from the
+  // logits (a load-balancing loss, a z-loss), added to the router's d_logits before d_w_gate and the
+  // router's part of dx — the logits never leave the layer otherwise. (With RouterGrad::logits the
+  // caller adds its own to d_router_logits.)
+  Tensor d_logits_aux;
 };
 
 // What the backward writes. Each output is required when the plan computes it and refused when it

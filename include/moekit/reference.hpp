@@ -148,9 +148,10 @@ struct GateOperands {
   const void* w_gate = nullptr;  // [E, H] bf16 bits or f32, as w_gate_dtype says
   DType w_gate_dtype = DType::bf16;
   int64_t hidden = 0;            // H
+  const float* d_logits_aux = nullptr;  // [T, E], optional: the caller's losses' gradient at the logits
 };
 struct RouterGrads {
-  std::vector<double> d_logits;  // [T, E]
+  std::vector<double> d_logits;  // [T, E] (with the gate's d_logits_aux added, when given)
   std::vector<double> d_w_gate;  // [E, H]: Σ_t d_logits[t, e]·x_t (gate given; else empty)
   std::vector<double> dx;        // [T, H]: the router's part of dx, d_logits·w_gate (gate given; else empty)
 };

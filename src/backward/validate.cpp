@@ -65,6 +65,8 @@ BackwardWorkspace check_backward(const BackwardPlan& p, const BackwardInputs& in
   expect_when(entry, "h", o.saved == SavedActivations::h, in.h, DType::bf16, {p.max_rows(), 2 * F},
               "options.saved is 'recompute': the backward recomputes h");
   expect_tensor(entry, "dy", in.dy, DType::bf16, {T, H});
+  if (gate) expect_optional(entry, "d_logits_aux", in.d_logits_aux, DType::f32, {T, E});
+  else expect_when(entry, "d_logits_aux", false, in.d_logits_aux, DType::f32, {T, E}, "options.router is not 'gate'");
 
   // What the plan writes.
   expect_when(entry, "dx", o.input_grad, g.dx, DType::bf16, {T, H}, "options.input_grad is false");
@@ -84,7 +86,7 @@ BackwardWorkspace check_backward(const BackwardPlan& p, const BackwardInputs& in
   add_span(inputs, "topk_ids", in.topk_ids), add_span(inputs, "topk_weights", in.topk_weights);
   add_span(inputs, "sorted_ids", in.sorted_ids), add_span(inputs, "block_expert", in.block_expert);
   add_span(inputs, "num_rows_padded", in.num_rows_padded), add_span(inputs, "expert_counts", in.expert_counts);
-  add_span(inputs, "h", in.h), add_span(inputs, "dy", in.dy);
+  add_span(inputs, "h", in.h), add_span(inputs, "dy", in.dy), add_span(inputs, "d_logits_aux", in.d_logits_aux);
   add_span(outputs, "dx", g.dx), add_span(outputs, "dw13", g.dw13), add_span(outputs, "dw2", g.dw2);
   add_span(outputs, "d_topk_weights", g.d_topk_weights), add_span(outputs, "d_router_logits", g.d_router_logits);
   add_span(outputs, "d_w_gate", g.d_w_gate);

@@ -150,6 +150,8 @@ RouterGrads router_backward(const double* d_topk_weights, const float* logits, c
     }
   });
   if (gate.x == nullptr) return out;
+  if (gate.d_logits_aux != nullptr)
+    for (int64_t i = 0; i < T * E; ++i) out.d_logits[size_t(i)] += gate.d_logits_aux[i];
 
   const int64_t H = gate.hidden;
   out.d_w_gate.assign(size_t(E * H), 0.0);

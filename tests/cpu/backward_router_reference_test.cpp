@@ -206,6 +206,28 @@ TEST_F(RefRouterBackward, GateGradientsMatchFiniteDifferences) {
     EXPECT_TRUE(close_to_fd("dx (router)", g.dx, fd_x, kRouterTol));
     EXPECT_TRUE(close_to_fd("d_w_gate", g.d_w_gate, fd_w, kRouterTol));
     EXPECT_GT(max_abs(g.dx), 1e-2);
+
+    // The caller's losses on the logits add their gradient before the gate's products:
+    // d_logits, d_w_gate and dx gain aux, auxᵀ·x and aux·w_gate (to rounding: |·| < 16 sums).
+    std::vector<float> aux(kT * kE);
+    for (float& v : aux) v = uniform(-1.0f, 1.0f);
+    const ref::RouterGrads ga = ref::router_backward(c.data(), logits.data(), fwd.ids.data(), kT, kE, kK, r.opt,
+                                                     ref::GateOperands{xb.data(), w_gate, dtype, H, aux.data()});
+    for (int64_t t = 0; t < kT; ++t)
+      for (int64_t e = 0; e < kE; ++e)
+        EXPECT_NEAR(ga.d_logits[size_t(t * kE + e)], g.d_logits[size_t(t * kE + e)] + aux[size_t(t * kE + e)], 1e-15);
+    for (int64_t e = 0; e < kE; ++e)
+      for (int64_t h = 0; h < H; ++h) {
+        double want = g.d_w_gate[size_t(e * H + h)];
+        for (int64_t t = 0; t < kT; ++t) want += double(aux[size_t(t * kE + e)]) * x[size_t(t * H + h)];
+        EXPECT_NEAR(ga.d_w_gate[size_t(e * H + h)], want, 1e-13);
+      }
+    for (int64_t t = 0; t < kT; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        double want = g.dx[size_t(t * H + h)];
+        for (int64_t e = 0; e < kE; ++e) want += double(aux[size_t(t * kE + e)]) * wg[size_t(e * H + h)];
+        EXPECT_NEAR(ga.dx[size_t(t * H + h)], want, 1e-13);
+      }
   }
 }
 

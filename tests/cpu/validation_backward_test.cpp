@@ -95,6 +95,9 @@ TEST(BackwardValidation, WellFormedStepsPass) {
   Step optional(gate_options());  // d_topk_weights is optional when a router gradient is computed
   optional.grads.d_topk_weights = Tensor{};
   EXPECT_NO_THROW(optional.check());
+  Step aux;  // so is the gradient of the caller's losses on the logits
+  aux.in.d_logits_aux = Tensor(fake_ptr(21), DType::f32, {kT, kE});
+  EXPECT_NO_THROW(aux.check());
   Step bf16_gate;  // d_w_gate follows w_gate's dtype
   bf16_gate.in.w_gate.dtype = DType::bf16;
   bf16_gate.grads.d_w_gate.dtype = DType::bf16;
@@ -167,6 +170,14 @@ TEST(BackwardValidation, Inputs) {
                       "h", BackwardOptions{}));
   cases.push_back(bad("w_gate without a gate gradient", [](Step& s) { s.in.w_gate = Tensor(fake_ptr(4), DType::f32, {kE, kH}); },
                       "w_gate", logits_options()));
+  // The optional gradient of the caller's losses on the logits: checked when given, gate only.
+  cases.push_back(bad("d_logits_aux [T, k]", [](Step& s) { s.in.d_logits_aux = Tensor(fake_ptr(21), DType::f32, {kT, kK}); },
+                      "d_logits_aux"));
+  cases.push_back(bad("d_logits_aux bf16", [](Step& s) { s.in.d_logits_aux = Tensor(fake_ptr(21), DType::bf16, {kT, kE}); },
+                      "d_logits_aux"));
+  cases.push_back(bad("d_logits_aux with a logits gradient",
+                      [](Step& s) { s.in.d_logits_aux = Tensor(fake_ptr(21), DType::f32, {kT, kE}); }, "d_logits_aux",
+                      logits_options()));
   cases.push_back(bad("router_logits without a router gradient",
                       [](Step& s) { s.in.router_logits = Tensor(fake_ptr(5), DType::f32, {kT, kE}); }, "router_logits",
                       minimal_options()));
@@ -224,6 +235,10 @@ TEST(BackwardValidation, WorkspaceAndAliasing) {
       bad("workspace over sorted_ids", [](Step& s) { s.workspace = static_cast<char*>(s.in.sorted_ids.data) - 256; },
           "workspace"),
       bad("workspace over h", [](Step& s) { s.workspace = s.in.h.data; }, "workspace"),
+      bad("d_w_gate over d_logits_aux", [](Step& s) {
+        s.in.d_logits_aux = Tensor(fake_ptr(21), DType::f32, {kT, kE});
+        s.grads.d_w_gate.data = s.in.d_logits_aux.data;
+      }, "d_w_gate"),
   });
   // Adjacent is not overlapping: dx ends exactly where dy begins.
   Step s;
