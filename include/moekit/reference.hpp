@@ -1,5 +1,6 @@
 // moekit/reference.hpp — the CPU oracle: a plain C++ reference of every stage of the forward pass
-// (library moekit_reference, apart from moekit_lib: plain C++, no CUDA runtime).
+// and of the backward's gradients (library moekit_reference, apart from moekit_lib: plain C++, no
+// CUDA runtime).
 //
 // Every GPU test compares with these functions, `moekit check --cpu` runs them on a machine with
 // no GPU, and `moekit bench` checks against them before it times. Router, align and combine
@@ -114,6 +115,60 @@ struct Fp8Experts {
 std::vector<double> moe_tokens_fp8(const MoeShape& shape, const fp8* x_q, const float* x_scale, const Fp8Experts& w,
                                    const int32_t* topk_ids, const float* topk_weights,
                                    const std::vector<int64_t>& tokens);
+
+// ---- Backward (docs/design.md, "Backward") ---------------------------------------------------
+// The gradients of the layer in double, the ground truth the backward kernels are measured
+// against. With dy = dL/dy [T, H], for every assignment a = (t, j) of expert e = topk_ids[t, j],
+// w = topk_weights[t, j], h = x_t·W13_eᵀ = g|u, act = silu(g) ⊙ u:
+//   D = dy_t·W2_e [F];  dw_tj = ⟨D, act⟩;  dact = w·D;
+//   dg = dact ⊙ u ⊙ silu'(g),  du = dact ⊙ silu(g),  dh = dg|du [2F];
+//   dx_t = Σ_j dh·W13_e;  dW2_e = Σ_{a of e} (w·dy_t)ᵀ·act;  dW13_e = Σ_{a of e} dhᵀ·x_t.
+// An assignment whose id is outside [0, E) has no row (align skips it) and no gradient.
+struct MoeGrads {
+  std::vector<double> dx;              // [n, H]: the experts' part of dx of the listed tokens, in list order
+  std::vector<double> d_topk_weights;  // [n, k]: dL/dtopk_weights of the listed tokens
+  std::vector<double> dw13;            // [E, 2F, H]: gate rows, then up rows; an expert with no rows is 0
+  std::vector<double> dw2;             // [E, H, F]
+};
+// The gradients of the loss Σ_t ⟨dy_t, y_t⟩ over the listed (distinct) tokens alone: dx and
+// d_topk_weights are the rows of those tokens (tokens are independent, so a check of a large T
+// samples them), dW sums over their assignments only — the whole dW when every token is listed,
+// and the dW a GPU backward computes when dy is zero outside the list (a cheap check of dW at a
+// large T). dW sums each expert's assignments in list order, j inner.
+MoeGrads moe_backward(const MoeShape& shape, const bf16* x, const bf16* w13, const bf16* w2, const int32_t* topk_ids,
+                      const float* topk_weights, const bf16* dy, const std::vector<int64_t>& tokens);
+// Every token, 0..T-1.
+MoeGrads moe_backward(const MoeShape& shape, const bf16* x, const bf16* w13, const bf16* w2, const int32_t* topk_ids,
+                      const float* topk_weights, const bf16* dy);
+
+// The router's gate, when the layer computed logits = x·w_gateᵀ (moe_forward with w_gate): give
+// it to router_backward for d_w_gate and the router's part of dx. Absent (x null): logits given.
+struct GateOperands {
+  const bf16* x = nullptr;       // [T, H]
+  const void* w_gate = nullptr;  // [E, H] bf16 bits or f32, as w_gate_dtype says
+  DType w_gate_dtype = DType::bf16;
+  int64_t hidden = 0;            // H
+  const float* d_logits_aux = nullptr;  // [T, E], optional: the caller's losses' gradient at the logits
+};
+struct RouterGrads {
+  std::vector<double> d_logits;  // [T, E] (with the gate's d_logits_aux added, when given)
+  std::vector<double> d_w_gate;  // [E, H]: Σ_t d_logits[t, e]·x_t (gate given; else empty)
+  std::vector<double> dx;        // [T, H]: the router's part of dx, d_logits·w_gate (gate given; else empty)
+};
+// The gradient of route()'s weights with respect to the logits, given dL/dtopk_weights [T, k]
+// and the routing the forward chose (topk_ids [T, k]): the selection (top-k, grouped top-k, the
+// score bias, which only selects) is a constant of the backward, so the gradient flows only
+// through the chosen experts' weights, w_j = r·s_j/S (S = Σ_i s_i with renormalize, else 1; r
+// the routed scaling factor) of the unbiased scores s = softmax(logits) over all E experts or
+// sigmoid(logits):
+//   ds_j = r·(dw_j − [renormalize] Σ_i dw_i·s_i/S)/S;  dp_e = ds_j for e = e_j, 0 for unchosen e;
+//   softmax: d_logits_e = p_e·(dp_e − Σ_e' p_e'·dp_e');  sigmoid: d_logits_e = dp_e·p_e·(1 − p_e).
+// So an unchosen expert gets 0 with sigmoid and with renormalised softmax (there Σ_j ds_j·s_j = 0);
+// with plain softmax it gets −p_e·Σ_j ds_j·s_j, as every expert shares the softmax's sum.
+// In double from the FP32 logits the forward scored.
+RouterGrads router_backward(const double* d_topk_weights, const float* logits, const int32_t* topk_ids,
+                            int64_t tokens, int64_t experts, int64_t topk, const RouterOptions& opt,
+                            const GateOperands& gate = {});
 
 // DeepGEMM's calc_diff of two tensors: 1 − 2·Σxy / (Σx² + Σy²) (0 when equal).
 double calc_diff(const std::vector<double>& x, const std::vector<double>& y);

@@ -48,16 +48,19 @@ Workspace carve_unchecked(const ForwardPlan& plan, void* base) {
   return lay_out_workspace(plan, pieces);
 }
 
-Workspace carve_named(const ForwardPlan& p, void* base, size_t bytes, const char* entry, const char* base_arg,
-                      const char* bytes_arg) {
-  const int64_t total = int64_t(workspace_bytes(p));
+void expect_buffer(const char* entry, void* base, size_t bytes, int64_t need, const char* size_fn,
+                   const char* base_arg, const char* bytes_arg) {
   if (base == nullptr) fail(entry, base_arg, "workspace pointer is null");
   if (reinterpret_cast<uintptr_t>(base) % kWorkspaceAlign != 0)
     fail(entry, base_arg, "workspace must be " + std::to_string(kWorkspaceAlign) + "-byte aligned");
-  if (int64_t(bytes) < total)
+  if (bytes < uint64_t(need))
     fail(entry, bytes_arg,
-         "workspace of " + std::to_string(bytes) + " bytes is smaller than workspace_bytes(plan) = " +
-             std::to_string(total));
+         "workspace of " + std::to_string(bytes) + " bytes is smaller than " + size_fn + "(plan) = " + std::to_string(need));
+}
+
+Workspace carve_named(const ForwardPlan& p, void* base, size_t bytes, const char* entry, const char* base_arg,
+                      const char* bytes_arg) {
+  expect_buffer(entry, base, bytes, int64_t(workspace_bytes(p)), "workspace_bytes", base_arg, bytes_arg);
   return carve_unchecked(p, base);
 }
 

@@ -33,6 +33,11 @@ class Pieces {
 Workspace lay_out_workspace(const ForwardPlan& plan, Pieces& pieces);
 // The views of a buffer already checked to hold workspace_bytes(plan), 256-byte aligned.
 Workspace carve_unchecked(const ForwardPlan& plan, void* base);
+// The checks of a caller's workspace buffer before it is carved: not null, 256-byte aligned, at
+// least `need` bytes (what `size_fn`, the public sizing function, returns), named as the caller's
+// arguments `base_arg` / `bytes_arg`.
+void expect_buffer(const char* entry, void* base, size_t bytes, int64_t need, const char* size_fn,
+                   const char* base_arg, const char* bytes_arg);
 // carve_workspace with the buffer's errors under the caller's argument names (the whole-layer
 // entries take `workspace` / `workspace_bytes`).
 Workspace carve_named(const ForwardPlan& plan, void* base, size_t bytes, const char* entry, const char* base_arg,

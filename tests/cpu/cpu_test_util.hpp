@@ -57,6 +57,16 @@ class Seeded : public ::testing::Test {
 // An H200 as query_device() would describe it (the config chooser's input); no GPU is read.
 inline const DeviceInfo kH200{"H200", 132, 9, 0, 232448, 60 * 1024 * 1024};
 
+// The benchmark's model layers (docs/design.md), for the planner's tests.
+struct Preset {
+  const char* name;
+  int64_t H, F, E, k;
+};
+inline constexpr Preset kPresets[] = {{"mixtral-8x7b", 4096, 14336, 8, 2},
+                                      {"qwen3-30b-a3b", 2048, 768, 128, 8},
+                                      {"deepseek-v3", 7168, 2048, 256, 8}};
+inline MoeShape shape_of(const Preset& p, int64_t T) { return MoeShape{T, p.H, p.F, p.E, p.k}; }
+
 // ---- fake device pointers -------------------------------------------------------------------
 // Distinct, 256-byte aligned, non-null, never dereferenced: validation throws first.
 inline void* fake_ptr(int slot) {
@@ -69,6 +79,32 @@ inline Tensor with_shape(Tensor t, std::initializer_list<int64_t> dims) {
 inline Tensor with_null_data(Tensor t) { t.data = nullptr; return t; }
 // 8-byte aligned (fine for an f32 or i32 element) but not 16-byte aligned (a kernel vector).
 inline Tensor misaligned(Tensor t) { t.data = static_cast<char*>(t.data) + 8; return t; }
+
+// ---- workspace views ------------------------------------------------------------------------
+struct View {
+  const char* name;
+  Tensor t;
+};
+// Every given view of a workspace carved at `base` starts 256-byte aligned and lies inside
+// [base, base + bytes), and no two overlap (absent views, Tensor{}, are skipped).
+inline void expect_views_in_buffer(const std::vector<View>& views, const void* base_ptr, size_t bytes) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(base_ptr);
+  for (const View& v : views) {
+    if (!v.t.given()) continue;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(v.t.data);
+    EXPECT_EQ(at % 256, 0u) << v.name;
+    EXPECT_GE(at, base) << v.name;
+    EXPECT_LE(at + uintptr_t(v.t.bytes()), base + bytes) << v.name;
+  }
+  for (size_t i = 0; i < views.size(); ++i)
+    for (size_t j = i + 1; j < views.size(); ++j) {
+      const Tensor &a = views[i].t, &b = views[j].t;
+      if (a.bytes() == 0 || b.bytes() == 0) continue;
+      const uintptr_t a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+      EXPECT_TRUE(a0 + uintptr_t(a.bytes()) <= b0 || b0 + uintptr_t(b.bytes()) <= a0)
+          << views[i].name << " overlaps " << views[j].name;
+    }
+}
 
 // ---- errors ---------------------------------------------------------------------------------
 using test_errors::throws_naming;

@@ -13,16 +13,6 @@
 namespace moekit::testing {
 namespace {
 
-struct Preset {
-  const char* name;
-  int64_t H, F, E, k;
-};
-constexpr Preset kPresets[] = {{"mixtral-8x7b", 4096, 14336, 8, 2},
-                               {"qwen3-30b-a3b", 2048, 768, 128, 8},
-                               {"deepseek-v3", 7168, 2048, 256, 8}};
-
-MoeShape shape_of(const Preset& p, int64_t T) { return MoeShape{T, p.H, p.F, p.E, p.k}; }
-
 // The tile rule of plan.cpp, restated: rows per expert T*k/E up to 12 -> 16 (mma.sync), else 128
 // (wgmma).
 int expected_block_m(int64_t T, int64_t k, int64_t E) {
@@ -227,10 +217,6 @@ TEST(Plan, NoTokensPlansFine) {
 
 // ---- workspace ------------------------------------------------------------------------------
 
-struct View {
-  const char* name;
-  Tensor t;
-};
 std::vector<View> views_of(const Workspace& ws) {
   return {{"router_logits", ws.router_logits},
           {"topk_ids", ws.topk_ids},          {"topk_weights", ws.topk_weights},
@@ -246,22 +232,9 @@ TEST(Workspace, ViewsAreAlignedDisjointAndInsideTheBuffer) {
       SCOPED_TRACE(::testing::Message() << p.name << " T=" << T);
       const ForwardPlan plan = plan_forward(shape_of(p, T), kH200);
       const size_t bytes = workspace_bytes(plan);
-      const uintptr_t base = reinterpret_cast<uintptr_t>(fake_ptr(1));
       const Workspace ws = carve_workspace(plan, fake_ptr(1), bytes);
       const std::vector<View> views = views_of(ws);
-      for (const View& v : views) {
-        const uintptr_t at = reinterpret_cast<uintptr_t>(v.t.data);
-        EXPECT_EQ(at % 256, 0u) << v.name;
-        EXPECT_GE(at, base) << v.name;
-        EXPECT_LE(at + uintptr_t(v.t.bytes()), base + bytes) << v.name;
-      }
-      for (size_t i = 0; i < views.size(); ++i)
-        for (size_t j = i + 1; j < views.size(); ++j) {
-          const Tensor &a = views[i].t, &b = views[j].t;
-          if (a.bytes() == 0 || b.bytes() == 0) continue;
-          const uintptr_t a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
-          EXPECT_TRUE(a0 + a.bytes() <= b0 || b0 + b.bytes() <= a0) << views[i].name << " overlaps " << views[j].name;
-        }
+      expect_views_in_buffer(views, fake_ptr(1), bytes);
       // The views are exactly what the stages validate against.
       EXPECT_NO_THROW(detail::expect_workspace(plan, ws, "test"));
       const MoeShape& s = plan.shape;

@@ -1,0 +1,151 @@
+// backward_plan.cpp — plan_backward, the one planner's entry for the backward pass: from the
+// forward's plan (its aligned layout's block_m and its GEMM configs, which the backward's GEMMs
+// over the same rows per expert reuse until they are tuned) and the options, every choice of the
+// backward — its GEMM configs, the split-K of dx, dW and d_w_gate — and so its workspace size;
+// and the checks that a plan's choices can run (expect_backward_plan). Pure host code, unit-tested on the CPU (tests/cpu/backward_plan_test.cpp).
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "common/validate.hpp"
+#include "moekit/backward.hpp"
+#include "tuning/backward_planner.hpp"
+#include "tuning/planner.hpp"
+
+namespace moekit::tuning {
+
+int plan_splits(int64_t tiles, int64_t k_steps, int sm_count, int max_splits) {
+  int splits = 1;
+  while (splits < max_splits && tiles * splits < 2 * int64_t(sm_count) && k_steps / (2 * splits) >= 4) splits *= 2;
+  return splits;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int plan_weight_grad_splits(const MoeShape& s, const DeviceInfo& device) {
+  const int64_t assignments = s.tokens * s.topk;
+  if (assignments == 0) return 1;
+  const int64_t touched = std::min(s.experts, assignments);
+  const int64_t rows_per_expert = ceil_div(assignments, touched);
+  // dW13 [2F, H] and dW2 [H, F] of each touched expert.
+  const int64_t tiles_per_expert = ceil_div(2 * s.inter, kWeightGradTileM) * ceil_div(s.hidden, kWeightGradTileN) +
+                                   ceil_div(s.hidden, kWeightGradTileM) * ceil_div(s.inter, kWeightGradTileN);
+  return plan_splits(touched * tiles_per_expert, ceil_div(rows_per_expert, kWeightGradTileK), device.sm_count,
+                     kMaxWeightGradSplits);
+}
+
+int plan_gate_grad_splits(const MoeShape& s, const DeviceInfo& device) {
+  const int64_t tiles = ceil_div(s.experts, kWeightGradTileM) * ceil_div(s.hidden, kWeightGradTileN);
+  return plan_splits(tiles, ceil_div(s.tokens, kWeightGradTileK), device.sm_count, kMaxGateGradSplits);
+}
+
+}  // namespace moekit::tuning
+
+namespace moekit::detail {
+
+namespace {
+
+void expect_compiled(const char* entry, const char* which, const GemmConfig& c, int block_m) {
+  const auto& compiled = compiled_gemm_configs(Precision::bf16);
+  if (std::find(compiled.begin(), compiled.end(), c) == compiled.end())
+    fail(entry, "plan", std::string("its ") + which + " config " + c.str() +
+                            " is not a compiled bf16 one: make plans with plan_backward");
+  if (c.block_m != block_m)
+    fail(entry, "plan", std::string("its ") + which + " config " + c.str() + " does not have the layout's block_m " +
+                            std::to_string(block_m) + ": make plans with plan_backward");
+}
+
+void expect_splits(const char* entry, const char* which, int splits, int max_splits) {
+  if (splits < 1 || splits > max_splits)
+    fail(entry, "plan", std::string(which) + " " + std::to_string(splits) + " is outside [1, " +
+                            std::to_string(max_splits) + "]: make plans with plan_backward");
+}
+
+}  // namespace
+
+void expect_backward_options(const BackwardOptions& o, const char* entry) {
+  if (o.saved != SavedActivations::recompute && o.saved != SavedActivations::h)
+    fail(entry, "options.saved", "must be SavedActivations::recompute or ::h, got " + std::to_string(int(o.saved)));
+  if (o.router != RouterGrad::none && o.router != RouterGrad::logits && o.router != RouterGrad::gate)
+    fail(entry, "options.router", "must be RouterGrad::none, ::logits or ::gate, got " + std::to_string(int(o.router)));
+  if (o.weight_grad_dtype != DType::bf16 && o.weight_grad_dtype != DType::f32)
+    fail(entry, "options.weight_grad_dtype",
+         std::string("must be bf16 or f32, got ") + dtype_name(o.weight_grad_dtype));
+  if (o.accumulate_weight_grads && !o.weight_grads)
+    fail(entry, "options.accumulate_weight_grads", "accumulates weight gradients, but options.weight_grads is false");
+  if (o.accumulate_weight_grads && o.weight_grad_dtype != DType::f32)
+    fail(entry, "options.accumulate_weight_grads",
+         "accumulates into f32 weight gradients only (a bf16 sum would round at every step): set weight_grad_dtype = f32");
+}
+
+void expect_backward_plan(const BackwardPlan& p, const char* entry) {
+  expect_shape(p.shape, entry);
+  expect_backward_options(p.options, entry);
+  const auto& compiled = compiled_gemm_configs(Precision::bf16);
+  if (std::none_of(compiled.begin(), compiled.end(), [&](const GemmConfig& c) { return c.block_m == p.block_m; }))
+    fail(entry, "plan", "block_m " + std::to_string(p.block_m) +
+                            " is no compiled tile's: the layout comes from a forward plan; make plans with plan_backward");
+  expect_compiled(entry, "up", p.up, p.block_m);
+  expect_compiled(entry, "d", p.d, p.block_m);
+  expect_compiled(entry, "dx", p.dx, p.block_m);
+  expect_splits(entry, "dx_splits", p.dx_splits, kMaxDownSplits);
+  if (p.dx_splits > 1 && p.dx.kernel != GemmKernel::mma_sync)
+    fail(entry, "plan", "dx_splits > 1 needs an mma_sync dx config (the wgmma GEMMs write whole rows): make plans with plan_backward");
+  expect_splits(entry, "dw_splits", p.dw_splits, kMaxWeightGradSplits);
+  expect_splits(entry, "gate_splits", p.gate_splits, kMaxGateGradSplits);
+}
+
+}  // namespace moekit::detail
+
+namespace moekit {
+
+const char* saved_activations_name(SavedActivations s) { return s == SavedActivations::h ? "h" : "recompute"; }
+const char* router_grad_name(RouterGrad r) {
+  return r == RouterGrad::gate ? "gate" : r == RouterGrad::logits ? "logits" : "none";
+}
+
+std::string BackwardPlan::str() const {
+  const BackwardOptions& o = options;
+  std::string grads;
+  if (o.input_grad) grads += "dx";
+  if (o.weight_grads)
+    grads += std::string(grads.empty() ? "" : ",") + "dw(" + dtype_name(o.weight_grad_dtype) +
+             (o.accumulate_weight_grads ? ",accumulate" : "") + ")";
+  return "backward T=" + std::to_string(shape.tokens) + " H=" + std::to_string(shape.hidden) +
+         " F=" + std::to_string(shape.inter) + " E=" + std::to_string(shape.experts) + " k=" +
+         std::to_string(shape.topk) + " block_m=" + std::to_string(block_m) + " saved=" +
+         saved_activations_name(o.saved) + " router=" + router_grad_name(o.router) +
+         " grads=" + (grads.empty() ? "none" : grads) +
+         (o.saved == SavedActivations::recompute ? " up=" + up.str() : "") + " d=" + d.str() +
+         (o.input_grad ? " dx=" + dx.str() : "") + (dx_splits > 1 ? " dx_splits=" + std::to_string(dx_splits) : "") +
+         (dw_splits > 1 ? " dw_splits=" + std::to_string(dw_splits) : "") +
+         (gate_splits > 1 ? " gate_splits=" + std::to_string(gate_splits) : "") + " source=" + source;
+}
+
+BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options) {
+  constexpr const char* kEntry = "plan_backward";
+  detail::expect_hopper(device, kEntry);
+  detail::expect_plan(forward, kEntry);  // errors name it as the forward entries do: 'shape.*', 'plan'
+  if (forward.precision() != Precision::bf16)
+    detail::fail(kEntry, "plan", std::string("the backward is bf16 only; a forward of precision ") +
+                                     precision_name(forward.precision()) + " has none yet: plan the forward with Precision::bf16");
+  detail::expect_backward_options(options, kEntry);
+
+  BackwardPlan p;
+  p.shape = forward.shape;
+  p.block_m = forward.block_m();
+  p.options = options;
+  p.up = forward.up;
+  p.d = forward.up;
+  p.dx = forward.down;
+  // The dx GEMM is the down GEMM's shape with K = 2F: the forward's split-K rule at that K.
+  MoeShape dx_shape = forward.shape;
+  dx_shape.inter = 2 * forward.shape.inter;
+  p.dx_splits = options.input_grad ? tuning::plan_down_splits(dx_shape, forward.down, device) : 1;
+  p.dw_splits = options.weight_grads ? tuning::plan_weight_grad_splits(forward.shape, device) : 1;
+  p.gate_splits = options.router == RouterGrad::gate ? tuning::plan_gate_grad_splits(forward.shape, device) : 1;
+  p.source = "forward:" + forward.source;
+  return p;
+}
+
+}  // namespace moekit

@@ -1,0 +1,44 @@
+// backward_planner.hpp — the backward's parts of the one planner (pure host code, unit-tested on
+// the CPU): the split-K rules of its reductions, the check of its options, and its workspace
+// layout over the same Pieces as the forward's (tuning/workspace.hpp). plan_backward
+// (backward_plan.cpp) composes them with the forward plan's GEMM configs into one BackwardPlan.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "moekit/backward.hpp"
+#include "tuning/workspace.hpp"
+
+namespace moekit::tuning {
+
+// Splits of a reduction into K-slices, the forward's split-K rule (plan_down_splits): doubled,
+// up to max_splits, while `tiles` output tiles times the splits cover the SMs less than twice and
+// each slice keeps at least 4 of the reduction's `k_steps` K steps.
+int plan_splits(int64_t tiles, int64_t k_steps, int sm_count, int max_splits);
+// dW2 and dW13: the 128 x 128 output tiles of the experts the routing can touch (min(E, T·k)),
+// each reducing over its expert's rows (T·k / touched on average) in 64-row steps.
+int plan_weight_grad_splits(const MoeShape& shape, const DeviceInfo& device);
+// d_w_gate [E, H] = d_logitsᵀ·x: its 128 x 128 tiles reducing over T in 64-token steps.
+int plan_gate_grad_splits(const MoeShape& shape, const DeviceInfo& device);
+
+}  // namespace moekit::tuning
+
+namespace moekit::detail {
+
+// The options plan_backward takes: known enum values, weight_grad_dtype bf16 or f32, and
+// accumulation only into f32 weight gradients. Errors name 'options.<field>'.
+void expect_backward_options(const BackwardOptions& options, const char* entry);
+// The plan's choices can run its shape: the shape is valid, its options are, its configs are
+// compiled bf16 ones of its block_m, and its split-K counts are in range (a plan edited after
+// plan_backward is refused: "make plans with plan_backward"). Errors name 'plan', 'shape.*' or
+// 'options.*'.
+void expect_backward_plan(const BackwardPlan& plan, const char* entry);
+// The backward's workspace of `plan`, laid out over `pieces` (one piece per BackwardWorkspace
+// tensor; those the plan does not use take no bytes).
+BackwardWorkspace lay_out_backward_workspace(const BackwardPlan& plan, Pieces& pieces);
+// carve_backward_workspace with the buffer's errors under the caller's argument names.
+BackwardWorkspace carve_backward_named(const BackwardPlan& plan, void* base, size_t bytes, const char* entry,
+                                       const char* base_arg, const char* bytes_arg);
+
+}  // namespace moekit::detail

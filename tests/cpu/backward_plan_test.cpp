@@ -1,0 +1,292 @@
+// backward_plan_test.cpp — the backward's planner (plan_backward and its split-K rules) and its
+// workspace layout (backward_workspace_bytes, carve_backward_workspace): pure host functions,
+// checked on a hand-made H200 — sizes by hand, alignment, no overlap, 64-bit sizes at a large T.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu_test_util.hpp"
+#include "moekit/backward.hpp"
+#include "tuning/backward_planner.hpp"
+#include "tuning/planner.hpp"
+
+namespace moekit::testing {
+namespace {
+
+BackwardOptions every_grad() {
+  BackwardOptions o;
+  o.router = RouterGrad::gate;
+  return o;
+}
+
+TEST(PlanBackward, ReplaysTheForwardsLayoutAndConfigs) {
+  for (const Preset& p : kPresets)
+    for (int64_t T : {0, 1, 16, 300, 4096, 65536}) {
+      SCOPED_TRACE(::testing::Message() << p.name << " T=" << T);
+      const ForwardPlan fwd = plan_forward(shape_of(p, T), kH200);
+      const BackwardPlan b = plan_backward(fwd, kH200, every_grad());
+      EXPECT_EQ(b.shape.tokens, T);
+      EXPECT_EQ(b.shape.inter, p.F);
+      EXPECT_EQ(b.block_m, fwd.block_m());
+      EXPECT_EQ(b.max_rows(), fwd.max_rows());
+      EXPECT_EQ(b.max_blocks(), fwd.max_blocks());
+      EXPECT_EQ(b.up, fwd.up);
+      EXPECT_EQ(b.d, fwd.up);
+      EXPECT_EQ(b.dx, fwd.down);
+      EXPECT_EQ(b.d_col_tiles(), (p.F + fwd.up.block_n - 1) / fwd.up.block_n);
+      EXPECT_EQ(b.source, "forward:" + fwd.source);
+      EXPECT_EQ(b.options.router, RouterGrad::gate);
+      // dx is the down GEMM's shape with K = 2F: the forward's split-K rule at that K.
+      MoeShape dx_shape = fwd.shape;
+      dx_shape.inter = 2 * p.F;
+      EXPECT_EQ(b.dx_splits, tuning::plan_down_splits(dx_shape, fwd.down, kH200));
+      EXPECT_GE(b.dx_splits, fwd.down_splits);  // twice the K can only split more
+      EXPECT_EQ(b.dw_splits, tuning::plan_weight_grad_splits(fwd.shape, kH200));
+      EXPECT_EQ(b.gate_splits, tuning::plan_gate_grad_splits(fwd.shape, kH200));
+      EXPECT_NO_THROW(detail::expect_backward_plan(b, "test"));
+    }
+}
+
+TEST(PlanBackward, SplitRulesByHand) {
+  // Doubling while the tiles cover 264 CTAs less than twice and each slice keeps 4 K steps.
+  EXPECT_EQ(tuning::plan_splits(24, 32, 132, 8), 8);   // 24·4 < 264 and 32/8 = 4
+  EXPECT_EQ(tuning::plan_splits(24, 31, 132, 8), 4);   // 31/8 < 4
+  EXPECT_EQ(tuning::plan_splits(100, 64, 132, 8), 4);  // 100·2 < 264, 100·4 >= 264
+  EXPECT_EQ(tuning::plan_splits(264, 1000, 132, 8), 1);
+  EXPECT_EQ(tuning::plan_splits(1, 1000, 132, 2), 2);  // the cap
+  EXPECT_EQ(tuning::plan_splits(1, 7, 132, 8), 1);     // 7/2 < 4: no slice would keep 4 steps
+  // dW of the presets: thousands of 128 x 128 tiles (DeepSeek-V3: 256 experts x (32·56 + 56·16)),
+  // never split.
+  for (const Preset& p : kPresets)
+    for (int64_t T : {1, 4096, 65536}) EXPECT_EQ(tuning::plan_weight_grad_splits(shape_of(p, T), kH200), 1);
+  // A small layer (H 256, F 128, E 4, k 2): 4·(2·2 + 2·1) = 24 tiles. T 4096 -> 2048 rows per
+  // expert, 32 K steps: 8 splits. T 256 -> 128 rows, 2 steps: none.
+  EXPECT_EQ(tuning::plan_weight_grad_splits(MoeShape{4096, 256, 128, 4, 2}, kH200), 8);
+  EXPECT_EQ(tuning::plan_weight_grad_splits(MoeShape{256, 256, 128, 4, 2}, kH200), 1);
+  EXPECT_EQ(tuning::plan_weight_grad_splits(MoeShape{0, 256, 128, 4, 2}, kH200), 1);
+  // d_w_gate of DeepSeek-V3: 2·56 = 112 tiles; T 16384 is 256 K steps: 4 splits (112·4 >= 264).
+  EXPECT_EQ(tuning::plan_gate_grad_splits(shape_of(kPresets[2], 16384), kH200), 4);
+  EXPECT_EQ(tuning::plan_gate_grad_splits(shape_of(kPresets[2], 64), kH200), 1);
+}
+
+TEST(PlanBackward, OnlyWhatIsComputedIsSplit) {
+  const ForwardPlan fwd = plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200);
+  BackwardOptions all = every_grad();
+  const BackwardPlan b = plan_backward(fwd, kH200, all);
+  ASSERT_GT(b.dw_splits, 1);
+  ASSERT_GT(b.gate_splits, 1);
+  BackwardOptions none;
+  none.input_grad = false;
+  none.weight_grads = false;
+  const BackwardPlan n = plan_backward(fwd, kH200, none);
+  EXPECT_EQ(n.dx_splits, 1);
+  EXPECT_EQ(n.dw_splits, 1);
+  EXPECT_EQ(n.gate_splits, 1);
+  EXPECT_EQ(n.str().find("dx="), std::string::npos);
+  EXPECT_NE(n.str().find("grads=none"), std::string::npos);
+}
+
+TEST(PlanBackward, PrintsItsChoices) {
+  BackwardOptions o = every_grad();
+  o.weight_grad_dtype = DType::f32;
+  o.accumulate_weight_grads = true;
+  const BackwardPlan b = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, o);
+  const std::string s = b.str();
+  for (const std::string want : {"backward T=16384", "block_m=128", "saved=recompute", "router=gate",
+                                 "grads=dx,dw(f32,accumulate)", " up=", " d=", " dx=", "dw_splits=8", "gate_splits=",
+                                 "source=forward:"})
+    EXPECT_NE(s.find(want), std::string::npos) << want << " in " << s;
+  o.saved = SavedActivations::h;
+  EXPECT_EQ(plan_backward(plan_forward(MoeShape{16, 256, 128, 4, 2}, kH200), kH200, o).str().find(" up="),
+            std::string::npos);  // nothing to recompute
+  EXPECT_STREQ(saved_activations_name(SavedActivations::h), "h");
+  EXPECT_STREQ(router_grad_name(RouterGrad::logits), "logits");
+}
+
+TEST(PlanBackward, RefusesWhatItCannotPlan) {
+  const ForwardPlan fwd = plan_forward(MoeShape{64, 2048, 768, 128, 8}, kH200);
+  DeviceInfo ampere = kH200;
+  ampere.cc_major = 8;
+  EXPECT_TRUE(throws_naming([&] { plan_backward(fwd, ampere); }, "device"));
+  const ForwardPlan fp8 = plan_forward(MoeShape{64, 2048, 768, 128, 8}, kH200, Precision::fp8);
+  EXPECT_TRUE(throws_naming([&] { plan_backward(fp8, kH200); }, "plan"));
+  ForwardPlan bad = fwd;
+  bad.shape.tokens = -1;
+  EXPECT_TRUE(throws_naming([&] { plan_backward(bad, kH200); }, "shape.tokens"));
+  bad = fwd;
+  bad.down.block_m = 64;
+  EXPECT_TRUE(throws_naming([&] { plan_backward(bad, kH200); }, "plan"));
+  auto with = [&](auto edit) {
+    BackwardOptions o;
+    edit(o);
+    return [o, &fwd] { plan_backward(fwd, kH200, o); };
+  };
+  EXPECT_TRUE(throws_naming(with([](BackwardOptions& o) { o.saved = SavedActivations(2); }), "options.saved"));
+  EXPECT_TRUE(throws_naming(with([](BackwardOptions& o) { o.router = RouterGrad(3); }), "options.router"));
+  EXPECT_TRUE(throws_naming(with([](BackwardOptions& o) { o.weight_grad_dtype = DType::i32; }), "options.weight_grad_dtype"));
+  EXPECT_TRUE(throws_naming(with([](BackwardOptions& o) { o.weight_grad_dtype = DType::e4m3; }), "options.weight_grad_dtype"));
+  EXPECT_TRUE(throws_naming(with([](BackwardOptions& o) { o.accumulate_weight_grads = true; }),  // bf16
+                            "options.accumulate_weight_grads"));
+  EXPECT_TRUE(throws_naming(with([](BackwardOptions& o) {
+                              o.weight_grad_dtype = DType::f32, o.accumulate_weight_grads = true, o.weight_grads = false;
+                            }),
+                            "options.accumulate_weight_grads"));
+}
+
+// ---- workspace ------------------------------------------------------------------------------
+
+std::vector<View> views_of(const BackwardWorkspace& ws) {
+  return {{"h", ws.h},
+          {"dh", ws.dh},
+          {"act_w", ws.act_w},
+          {"dw_partials", ws.dw_partials},
+          {"d_topk_weights", ws.d_topk_weights},
+          {"dx_rows", ws.dx_rows},
+          {"dx_partials", ws.dx_partials},
+          {"d_logits", ws.d_logits},
+          {"dx_router", ws.dx_router},
+          {"gate_partials", ws.gate_partials},
+          {"expert_row_start", ws.expert_row_start},
+          {"dw13_partials", ws.dw13_partials},
+          {"dw2_partials", ws.dw2_partials},
+          {"gemm_counter", ws.gemm_counter}};
+}
+
+int64_t rounded(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+bool is(const Tensor& t, DType d, std::initializer_list<int64_t> shape) {
+  if (t.dtype != d || t.rank != int(shape.size())) return false;
+  int i = 0;
+  for (int64_t s : shape)
+    if (t.dim(i++) != s) return false;
+  return true;
+}
+
+// The layout by hand: each piece that the plan uses, its bytes rounded up to 256.
+int64_t bytes_by_hand(const BackwardPlan& p) {
+  const MoeShape& s = p.shape;
+  const BackwardOptions& o = p.options;
+  const int64_t tk = s.tokens * s.topk, rows = p.max_rows(), F = s.inter, H = s.hidden, E = s.experts;
+  const bool gate = o.router == RouterGrad::gate;
+  int64_t n = 0;
+  if (o.saved == SavedActivations::recompute) n += rounded(rows * 2 * F * 2);
+  if (o.input_grad || o.weight_grads) n += rounded(rows * 2 * F * 2);
+  if (o.weight_grads) n += rounded(rows * F * 2);
+  n += rounded(p.d_col_tiles() * tk * 4) + rounded(tk * 4);
+  if (o.input_grad) n += p.dx_splits == 1 ? rounded(tk * H * 2) : rounded(p.dx_splits * tk * H * 4);
+  if (gate) n += rounded(s.tokens * E * 4);
+  if (gate && o.input_grad) n += rounded(s.tokens * H * 4);
+  if (gate && p.gate_splits > 1) n += rounded(p.gate_splits * E * H * 4);
+  if (o.weight_grads) n += rounded((E + 1) * 4);
+  if (o.weight_grads && p.dw_splits > 1) n += rounded(p.dw_splits * E * 2 * F * H * 4) + rounded(p.dw_splits * E * H * F * 4);
+  return n + 256;  // gemm_counter
+}
+
+std::vector<BackwardOptions> option_sets() {
+  std::vector<BackwardOptions> sets;
+  for (SavedActivations saved : {SavedActivations::recompute, SavedActivations::h})
+    for (RouterGrad router : {RouterGrad::none, RouterGrad::logits, RouterGrad::gate})
+      for (int grads = 0; grads < 4; ++grads) {
+        BackwardOptions o;
+        o.saved = saved, o.router = router, o.input_grad = grads & 1, o.weight_grads = grads & 2;
+        sets.push_back(o);
+      }
+  return sets;
+}
+
+TEST(BackwardWorkspace, ViewsAreWhatThePlanNeedsAlignedAndDisjoint) {
+  for (const MoeShape& shape : {MoeShape{0, 256, 128, 4, 2}, MoeShape{1, 4096, 14336, 8, 2},
+                                MoeShape{300, 2048, 768, 128, 8}, MoeShape{16384, 256, 128, 4, 2}})
+    for (const BackwardOptions& o : option_sets()) {
+      const BackwardPlan p = plan_backward(plan_forward(shape, kH200), kH200, o);
+      SCOPED_TRACE(p.str());
+      const size_t bytes = backward_workspace_bytes(p);
+      EXPECT_EQ(int64_t(bytes), bytes_by_hand(p));
+      const BackwardWorkspace ws = carve_backward_workspace(p, fake_ptr(1), bytes);
+      const std::vector<View> views = views_of(ws);
+      expect_views_in_buffer(views, fake_ptr(1), bytes);
+      const int64_t T = shape.tokens, tk = T * shape.topk, H = shape.hidden, F = shape.inter, E = shape.experts;
+      const int64_t rows = p.max_rows();
+      const bool gate = o.router == RouterGrad::gate;
+      EXPECT_EQ(ws.h.given(), o.saved == SavedActivations::recompute);
+      if (ws.h.given()) EXPECT_TRUE(is(ws.h, DType::bf16, {rows, 2 * F}));
+      EXPECT_EQ(ws.dh.given(), o.input_grad || o.weight_grads);
+      if (ws.dh.given()) EXPECT_TRUE(is(ws.dh, DType::bf16, {rows, 2 * F}));
+      EXPECT_EQ(ws.act_w.given(), o.weight_grads);
+      if (ws.act_w.given()) EXPECT_TRUE(is(ws.act_w, DType::bf16, {rows, F}));
+      EXPECT_TRUE(is(ws.dw_partials, DType::f32, {p.d_col_tiles(), tk}));
+      EXPECT_TRUE(is(ws.d_topk_weights, DType::f32, {T, shape.topk}));
+      EXPECT_EQ(ws.dx_rows.given(), o.input_grad && p.dx_splits == 1);
+      if (ws.dx_rows.given()) EXPECT_TRUE(is(ws.dx_rows, DType::bf16, {tk, H}));
+      EXPECT_EQ(ws.dx_partials.given(), o.input_grad && p.dx_splits > 1);
+      if (ws.dx_partials.given()) EXPECT_TRUE(is(ws.dx_partials, DType::f32, {p.dx_splits, tk, H}));
+      EXPECT_EQ(ws.d_logits.given(), gate);
+      EXPECT_EQ(ws.dx_router.given(), gate && o.input_grad);
+      EXPECT_EQ(ws.gate_partials.given(), gate && p.gate_splits > 1);
+      EXPECT_EQ(ws.expert_row_start.given(), o.weight_grads);
+      if (ws.expert_row_start.given()) EXPECT_TRUE(is(ws.expert_row_start, DType::i32, {E + 1}));
+      EXPECT_EQ(ws.dw13_partials.given(), o.weight_grads && p.dw_splits > 1);
+      if (ws.dw13_partials.given()) EXPECT_TRUE(is(ws.dw13_partials, DType::f32, {p.dw_splits, E, 2 * F, H}));
+      if (ws.dw2_partials.given()) EXPECT_TRUE(is(ws.dw2_partials, DType::f32, {p.dw_splits, E, H, F}));
+      EXPECT_TRUE(is(ws.gemm_counter, DType::i32, {1}));
+    }
+}
+
+TEST(BackwardWorkspace, CoversEverySplitKPiece) {
+  // The shapes above reach each split-K piece at least once (else the layout test checks less).
+  const BackwardPlan decode = plan_backward(plan_forward(MoeShape{1, 4096, 14336, 8, 2}, kH200), kH200, every_grad());
+  EXPECT_GT(decode.dx_splits, 1) << decode.str();
+  const BackwardPlan small = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, every_grad());
+  EXPECT_GT(small.dw_splits, 1) << small.str();
+  EXPECT_GT(small.gate_splits, 1) << small.str();
+}
+
+TEST(BackwardWorkspace, SizesAre64Bit) {
+  // DeepSeek-V3 at T = 2^20 (a long prefill's batch): dx_rows alone is 2^20·8·7168·2 = 112 GiB,
+  // h and dh 2 x (8 Mi + padding) rows x 4096 x 2 bytes: every piece and offset past 2^32.
+  const MoeShape s = shape_of(kPresets[2], int64_t(1) << 20);
+  const BackwardPlan p = plan_backward(plan_forward(s, kH200), kH200, every_grad());
+  const size_t bytes = backward_workspace_bytes(p);
+  EXPECT_EQ(int64_t(bytes), bytes_by_hand(p));
+  EXPECT_GT(bytes, size_t(int64_t(1) << 37));
+  const int64_t tk = s.tokens * s.topk;
+  const BackwardWorkspace ws = carve_backward_workspace(p, fake_ptr(1), bytes);
+  EXPECT_EQ(ws.dx_rows.bytes(), tk * s.hidden * 2);
+  EXPECT_EQ(ws.h.bytes(), p.max_rows() * 2 * s.inter * 2);
+  // The pieces follow each other: dx_rows starts after h, dh, act_w, dw_partials and d_topk_weights.
+  const int64_t before = rounded(p.max_rows() * 2 * s.inter * 2) * 2 + rounded(p.max_rows() * s.inter * 2) +
+                         rounded(p.d_col_tiles() * tk * 4) + rounded(tk * 4);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(ws.dx_rows.data) - reinterpret_cast<uintptr_t>(fake_ptr(1)), uintptr_t(before));
+}
+
+TEST(BackwardWorkspace, RefusesBadBuffersAndBadPlans) {
+  const BackwardPlan p = plan_backward(plan_forward(MoeShape{256, 2048, 768, 128, 8}, kH200), kH200);
+  const size_t bytes = backward_workspace_bytes(p);
+  EXPECT_TRUE(throws_naming([&] { carve_backward_workspace(p, nullptr, bytes); }, "base"));
+  for (uintptr_t off : {1, 16, 128})
+    EXPECT_TRUE(throws_naming([&] { carve_backward_workspace(p, static_cast<char*>(fake_ptr(1)) + off, bytes); }, "base"));
+  EXPECT_TRUE(throws_naming([&] { carve_backward_workspace(p, fake_ptr(1), bytes - 1); }, "bytes"));
+  EXPECT_TRUE(throws_naming([&] { carve_backward_workspace(p, fake_ptr(1), 0); }, "bytes"));
+  EXPECT_NO_THROW(carve_backward_workspace(p, fake_ptr(1), bytes + 4096));
+  // A plan not made by plan_backward is refused, not sized (a block_m of 0 would divide by 0).
+  EXPECT_TRUE(throws_naming([] { backward_workspace_bytes(BackwardPlan{}); }, "shape.hidden"));
+  for (auto edit : std::vector<void (*)(BackwardPlan&)>{
+           [](BackwardPlan& b) { b.block_m = 0; }, [](BackwardPlan& b) { b.block_m = 7; },
+           [](BackwardPlan& b) { b.d.block_m = 16; }, [](BackwardPlan& b) { b.dx.stages = 99; },
+           [](BackwardPlan& b) { b.up.precision = Precision::fp8; }, [](BackwardPlan& b) { b.dx_splits = 0; },
+           [](BackwardPlan& b) { b.dx_splits = 2; },  // a wgmma dx config (block_m 128) writes whole rows
+           [](BackwardPlan& b) { b.dw_splits = kMaxWeightGradSplits + 1; },
+           [](BackwardPlan& b) { b.gate_splits = 0; }}) {
+    BackwardPlan b = p;
+    edit(b);
+    EXPECT_TRUE(throws_naming([&] { backward_workspace_bytes(b); }, "plan")) << b.str();
+    EXPECT_TRUE(throws_naming([&] { carve_backward_workspace(b, fake_ptr(1), bytes); }, "plan"));
+  }
+  BackwardPlan b = p;
+  b.options.weight_grad_dtype = DType::i32;
+  EXPECT_TRUE(throws_naming([&] { backward_workspace_bytes(b); }, "options.weight_grad_dtype"));
+}
+
+}  // namespace
+}  // namespace moekit::testing
