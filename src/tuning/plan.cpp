@@ -19,7 +19,9 @@ int64_t worst_case_rows(const MoeShape& s, int block_m) {
   return (rows + block_m - 1) / block_m * block_m;
 }
 
-std::string RouterPlan::str() const { return "gate=" + tuning::to_string(gate) + " select=" + tuning::to_string(select); }
+std::string RouterPlan::str() const {
+  return "gate=" + tuning::to_string(gate) + (quantize_x ? "+x_q" : "") + " select=" + tuning::to_string(select);
+}
 
 std::string ForwardPlan::str() const {
   return "T=" + std::to_string(shape.tokens) + " H=" + std::to_string(shape.hidden) +
@@ -59,7 +61,8 @@ ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const
   plan.up = up;
   plan.down = down;
   plan.down_splits = down_splits;
-  plan.router = plan_router(shape.tokens, shape.experts, shape.hidden, /*logits_in_memory=*/true, smem_per_block_optin);
+  plan.router = plan_router(shape.tokens, shape.experts, shape.hidden, /*logits_in_memory=*/true, smem_per_block_optin,
+                            up.precision);
   plan.align = plan_align(shape.tokens * shape.topk);
   return plan;
 }
