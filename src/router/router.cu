@@ -63,13 +63,20 @@ void launch_gate(const kr::GateParams& p, cudaStream_t stream) {
   void (*kernel)(kr::GateParams) = nullptr;
   if constexpr (kLooped) kernel = kr::gate_logits_looped_kernel<MT, NT, kQuantX>;
   else kernel = kr::gate_logits_kernel<MT, NT, kQuantX>;
-  // Once per instance and device (as the GEMMs): allow its dynamic shared memory (kQuantX: the
-  // device's maximum, as the x tile grows with H; the planner checked that it fits).
+  // Once per instance and device (as the GEMMs): allow its dynamic shared memory (kQuantX: all the
+  // device allows beside the kernel's static partial tile, as the x tile grows with H; the planner
+  // checked that it fits).
   static PerDevice<bool> smem_ready;
   smem_ready.get([&](int device) {
-    int optin = Tile::kSmemBytes;
-    if (kQuantX) MK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    int dynamic = Tile::kSmemBytes;
+    if (kQuantX) {
+      int optin = 0;
+      cudaFuncAttributes attr{};
+      MK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+      MK_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+      dynamic = optin - int(attr.sharedSizeBytes);
+    }
+    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     return true;
   });
   const size_t smem = kQuantX ? size_t(kr::gate_quantizing_smem_bytes<MT, NT>(p.hidden)) : size_t(Tile::kSmemBytes);
