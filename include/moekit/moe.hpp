@@ -98,8 +98,8 @@ struct RouterPlan {
   GateKernel gate = GateKernel::cluster_16x8;
   SelectKernel select = SelectKernel::warp;
   // FP8 layers: the gate kernel quantizes the x it reads for the logits (ws.x_q, ws.x_scale), so
-  // moe_forward reads x once; false where the gate cannot (the pipelined tiling, slices that cut
-  // a 128-column group, an x tile too large for shared memory), and then quantize_tokens' pass runs.
+  // moe_forward reads x once: the decode (cluster) tilings, when H's slices hold whole 128-column
+  // groups and the x tile fits shared memory; elsewhere quantize_tokens' pass runs.
   bool quantize_x = false;
   std::string str() const;
   bool operator==(const RouterPlan&) const = default;

@@ -31,7 +31,7 @@ struct XQuant {
 };
 
 // Whether launch_route quantizes x on the way (the plan asks, and its gate kernel runs on a bf16
-// w_gate: logits computed into a scratch, a cluster or looped tiling).
+// w_gate: logits computed into a scratch, a cluster tiling).
 bool route_quantizes_x(const RouterPlan& plan, const kernels::router::Params& p, DType w_gate_dtype,
                        const float* logits_scratch);
 

@@ -40,9 +40,9 @@ struct GateParams {
   float* logits;                // [T, E]
   int64_t tokens, hidden;
   int experts;
-  // FP8 layers (RouterPlan::quantize_x): the cluster and looped kernels also quantize the x they
-  // read, as quantize_tokens does (bitwise), into x_q [T, H] e4m3 and x_scale [T, ceil(H/128)].
-  // Null otherwise.
+  // FP8 layers (RouterPlan::quantize_x): the cluster kernels also quantize the x they read, as
+  // quantize_tokens does (bitwise), into x_q [T, H] e4m3 and x_scale [T, ceil(H/128)]. Null
+  // otherwise.
   uint8_t* x_q;
   float* x_scale;
 };
@@ -73,8 +73,8 @@ struct GateTile {
 
 // Quantizing x in the gate (GateParams::x_q): the CTA keeps its tile's x of one slice in shared
 // memory after kSmemBytes — kRows rows of the slice's columns, each row padded by 16 bytes so the
-// MMAs' 16-byte reads of 8 rows fall in 8 bank groups — and quantizes it once the slice's partial
-// is summed. Needs slices of whole 128-column groups (a group never straddles two CTAs).
+// MMAs' 16-byte reads of 8 rows fall in 8 bank groups — and quantizes it once the slice is
+// loaded. Needs slices of whole 128-column groups (a group never straddles two CTAs).
 MK_HD constexpr int64_t gate_x_row_bytes(int64_t hidden) { return gate_slice_width(hidden) * 2 + 16; }
 MK_HD constexpr bool gate_slices_hold_groups(int64_t hidden) { return gate_slice_width(hidden) % 128 == 0; }
 template <int MT, int NT>

@@ -56,12 +56,14 @@ void for_each_token_chunk(const kr::GateParams& p, int64_t rows, Launch&& launch
 }
 
 // A cluster or looped instance of gate/cluster.cuh: every one sums each logit in the same order.
-// kQuantX (p.x_q given): the instance that also quantizes x, with its x tile after the staging.
+// kQuantX (p.x_q given; cluster kernels only): the instance that also quantizes x, with its x tile
+// after the staging.
 template <int MT, int NT, bool kLooped, bool kQuantX>
 void launch_gate(const kr::GateParams& p, cudaStream_t stream) {
   using Tile = kr::GateTile<MT, NT>;
   void (*kernel)(kr::GateParams) = nullptr;
-  if constexpr (kLooped) kernel = kr::gate_logits_looped_kernel<MT, NT, kQuantX>;
+  static_assert(!(kLooped && kQuantX), "only the cluster kernels quantize x");
+  if constexpr (kLooped) kernel = kr::gate_logits_looped_kernel<MT, NT>;
   else kernel = kr::gate_logits_kernel<MT, NT, kQuantX>;
   // Once per instance and device (as the GEMMs): allow its dynamic shared memory (kQuantX: all the
   // device allows beside the kernel's static partial tile, as the x tile grows with H; the planner
@@ -90,8 +92,9 @@ void launch_gate(const kr::GateParams& p, cudaStream_t stream) {
 
 template <int MT, int NT, bool kLooped>
 void launch_gate(const kr::GateParams& p, cudaStream_t stream) {
-  if (p.x_q != nullptr) launch_gate<MT, NT, kLooped, true>(p, stream);
-  else launch_gate<MT, NT, kLooped, false>(p, stream);
+  if constexpr (!kLooped)
+    if (p.x_q != nullptr) return launch_gate<MT, NT, false, true>(p, stream);
+  launch_gate<MT, NT, kLooped, false>(p, stream);
 }
 
 // The pipelined kernel (gate/pipelined.cuh); the planner picks it only when its shared memory for
@@ -186,8 +189,9 @@ kr::Params router_params(const Tensor& x, const Tensor& w_gate, const Tensor& lo
 }
 
 bool route_quantizes_x(const RouterPlan& plan, const kr::Params& p, DType w_dtype, const float* logits_scratch) {
-  return plan.quantize_x && p.logits == nullptr && logits_scratch != nullptr && w_dtype == DType::bf16 &&
-         plan.gate != GateKernel::pipelined_128x64;
+  const bool cluster = plan.gate == GateKernel::cluster_16x8 || plan.gate == GateKernel::cluster_32x8 ||
+                       plan.gate == GateKernel::cluster_32x32;
+  return plan.quantize_x && cluster && p.logits == nullptr && logits_scratch != nullptr && w_dtype == DType::bf16;
 }
 
 bool launch_route(const RouterPlan& plan, kr::Params p, DType w_dtype, float* logits_scratch, cudaStream_t stream,

@@ -34,10 +34,12 @@ constexpr int64_t kSelectCtaMinExperts = 129;
 // for the final 4 x 4 version).
 constexpr int64_t kGatePipeMinCtas = 64;
 
-// Whether gate kernel k can quantize an FP8 layer's x as it reads it (router/params.hpp): the
-// cluster and looped tilings, with slices of whole 128-column groups and the slice's x tile beside
-// the staging in shared memory. The pipelined tiling streams a slice's steps role by role (a
-// group's four steps arrive far apart), so it leaves x to quantize_tokens' pass.
+// Whether gate kernel k quantizes an FP8 layer's x as it reads it (router/params.hpp): the
+// cluster tilings (decode), with slices of whole 128-column groups and the slice's x tile beside
+// the staging in shared memory. Prefill's tilings leave x to quantize_tokens' pass: the looped
+// one did it too, and its 64-row x tile cost the layer 20-36 µs against the pass's 4-14 µs (fewer
+// CTAs per SM for a latency-bound kernel; docs/perf/NOTES.md, "FP8"); the pipelined one streams
+// a slice's steps role by role, a group's four steps far apart.
 bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin) {
   namespace kr = kernels::router;
   if (!kr::gate_slices_hold_groups(hidden) || hidden >= (int64_t(1) << 30)) return false;
@@ -47,8 +49,8 @@ bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin
     case GateKernel::cluster_16x8: return fits(kr::gate_quantizing_smem_bytes<1, 1>(hidden), 16, 8);
     case GateKernel::cluster_32x8: return fits(kr::gate_quantizing_smem_bytes<2, 1>(hidden), 32, 8);
     case GateKernel::cluster_32x32: return fits(kr::gate_quantizing_smem_bytes<2, 4>(hidden), 32, 32);
-    case GateKernel::looped_64x8: return fits(kr::gate_quantizing_smem_bytes<4, 1>(hidden), 64, 8);
-    case GateKernel::looped_64x32: return fits(kr::gate_quantizing_smem_bytes<4, 4>(hidden), 64, 32);
+    case GateKernel::looped_64x8:
+    case GateKernel::looped_64x32:
     case GateKernel::pipelined_128x64: return false;
   }
   return false;

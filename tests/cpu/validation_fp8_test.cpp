@@ -131,7 +131,7 @@ TEST(Fp8Validation, UpTilesCoverWholeActGroups) {
   EXPECT_TRUE(tuning::up_config_ok(cfg(96, GemmKernel::mma_sync, Precision::bf16)));
 }
 
-// The router quantizes an FP8 layer's x where its gate kernel can (cluster and looped tilings,
+// The router quantizes an FP8 layer's x where its gate kernel does (the decode cluster tilings,
 // slices of whole 128-column groups, the x tile in shared memory); elsewhere quantize_tokens' pass
 // runs. bf16 plans never ask.
 TEST(Fp8Validation, RouterQuantizesXWhereTheGateCan) {
@@ -143,18 +143,20 @@ TEST(Fp8Validation, RouterQuantizesXWhereTheGateCan) {
     EXPECT_TRUE(router(T, 2048, 768, 128, 8, Precision::fp8).quantize_x) << T;   // Qwen3
     EXPECT_FALSE(router(T, 7168, 2048, 256, 8, Precision::bf16).quantize_x) << T;
   }
-  EXPECT_TRUE(router(16384, 4096, 14336, 8, 2, Precision::fp8).quantize_x);  // Mixtral prefill: looped 64x8
+  const RouterPlan looped = router(16384, 4096, 14336, 8, 2, Precision::fp8);  // Mixtral prefill
+  EXPECT_EQ(looped.gate, GateKernel::looped_64x8);
+  EXPECT_FALSE(looped.quantize_x);  // prefill's tilings: the pass
   const RouterPlan pipe = router(16384, 7168, 2048, 256, 8, Precision::fp8);
   EXPECT_EQ(pipe.gate, GateKernel::pipelined_128x64);
-  EXPECT_FALSE(pipe.quantize_x);  // the pipelined tiling: the pass
+  EXPECT_FALSE(pipe.quantize_x);
   EXPECT_FALSE(router(1, 336, 256, 8, 2, Precision::fp8).quantize_x);  // 64-column slices cut groups
-  // The looped 64 x 32 tiling at H = 7168 needs ~220 KB: on a device with less, the pass.
-  const RouterPlan looped = tuning::plan_router(512, 256, 7168, true, kH200.smem_per_block_optin, Precision::fp8);
-  EXPECT_EQ(looped.gate, GateKernel::looped_64x32);
-  EXPECT_TRUE(looped.quantize_x);
-  EXPECT_FALSE(tuning::plan_router(512, 256, 7168, true, 200 * 1024, Precision::fp8).quantize_x);
-  EXPECT_NE(pipe.str().find("select="), std::string::npos);
-  EXPECT_NE(looped.str().find("+x_q"), std::string::npos);
+  // The 32 x 32 cluster tiling at H = 7168 needs ~126 KB: on a device with less, the pass.
+  const RouterPlan cl = tuning::plan_router(200, 256, 7168, true, kH200.smem_per_block_optin, Precision::fp8);
+  EXPECT_EQ(cl.gate, GateKernel::cluster_32x32);
+  EXPECT_TRUE(cl.quantize_x);
+  EXPECT_FALSE(tuning::plan_router(200, 256, 7168, true, 100 * 1024, Precision::fp8).quantize_x);
+  EXPECT_EQ(pipe.str().find("+x_q"), std::string::npos);
+  EXPECT_NE(cl.str().find("+x_q"), std::string::npos);
 }
 
 TEST(Fp8Validation, Planning) {

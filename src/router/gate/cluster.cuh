@@ -8,7 +8,8 @@
 //   gate_logits_looped_kernel  — prefill: one CTA per tile walks the slices itself.
 // Both are bitwise the same logits (the same MMAs on the same operands, the same additions in the
 // same order). Parts: warp_partial.cuh (mainloop), the reductions and stores here (epilogue), and
-// with kQuantX (an FP8 layer) x_quant.cuh: the first expert tile's CTAs quantize the x they read.
+// for the cluster kernel with kQuantX (an FP8 layer at decode) x_quant.cuh: the first expert
+// tile's CTAs quantize the x they read.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -66,7 +67,7 @@ __global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGate
 // Prefill: one CTA per tile walks the slices itself, adding each slice's partial into a running
 // sum in slice order: bitwise the cluster kernel's logits, without a cluster's launch and
 // exchange per few hundred MMAs (at T = 16384 the cluster kernel ran 32768 CTAs).
-template <int MT, int NT, bool kQuantX>
+template <int MT, int NT>
 __global__ void __launch_bounds__(32 * kGateWarps) gate_logits_looped_kernel(GateParams p) {
   using Tile = GateTile<MT, NT>;
   constexpr int kRows = Tile::kRows, kCols = Tile::kCols;
@@ -76,18 +77,14 @@ __global__ void __launch_bounds__(32 * kGateWarps) gate_logits_looped_kernel(Gat
   const int64_t t0 = int64_t(blockIdx.y) * kRows;
 
   bool waited = false;
-  const int64_t x_row_bytes = gate_x_row_bytes(p.hidden);
-  unsigned char* x_tile = gate_smem + Tile::kSmemBytes;  // kQuantX: [kRows][x_row_bytes]
   for (int slice = 0; slice < kGateSlices; ++slice) {
-    warp_slice_partial<MT, NT, kQuantX>(p, slice, e0, t0, gate_smem, waited, dev::smem_addr(x_tile), x_row_bytes);
+    warp_slice_partial<MT, NT>(p, slice, e0, t0, gate_smem, waited);
     __syncthreads();
-    if constexpr (kQuantX)
-      if (e0 == 0) quantize_x_slice<kRows>(p, slice, t0, x_tile, x_row_bytes);
     for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) {
       const float v = sum_warp_partials<MT, NT>(gate_smem, i);
       s_sum[i] = slice == 0 ? v : canon::add(s_sum[i], v);
     }
-    __syncthreads();  // the partials (and the x tile) are read before the next slice's loads overwrite them
+    __syncthreads();  // the partials are read before the next slice's loads overwrite them
   }
   if (!waited) dev::pdl_enter();
   for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) {

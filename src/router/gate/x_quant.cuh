@@ -1,6 +1,6 @@
 // x_quant.cuh — the FP8 layer's token quantization inside the router's gate (RouterPlan::
-// quantize_x): x is read once, for the logits and for x_q. The cluster and looped kernels
-// (cluster.cuh) keep their tile's x of a slice in shared memory (warp_slice_partial<..., true>);
+// quantize_x): x is read once, for the logits and for x_q. The cluster kernels (cluster.cuh,
+// decode) keep their tile's x of a slice in shared memory (warp_slice_partial<..., true>);
 // once the slice is loaded, the CTAs of the first expert tile quantize it here, a half warp per
 // (token row, 128-column group), with quantize_tokens' arithmetic (quant/group.cuh): x_q and
 // x_scale are bitwise quantize_tokens' (tests/gpu/gate_quantize_test.cu). Slices hold whole groups
