@@ -52,3 +52,10 @@ def test_import_moekit_needs_no_torch():
     r = run("torch", "import moekit, moekit.presets; print(moekit.__version__)")
     assert r.returncode == 0 and r.stdout.count(".") == 2, r.stderr
 
+
+def test_plot_without_matplotlib_prints_one_line():
+    r = run_main("matplotlib", "moekit.plot", "--help")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("moekit.plot needs matplotlib, which is not installed: pip install 'moekit[plot]' "
+                                "(or pip install matplotlib)")
