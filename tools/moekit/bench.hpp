@@ -12,11 +12,12 @@
 
 #include "layer.hpp"
 #include "moekit/moe.hpp"
+#include "moekit/version.hpp"
 #include "presets.hpp"
 
 namespace moekit::cli {
 
-inline constexpr const char* kVersion = "0.1.0";
+inline constexpr const char* kVersion = MOEKIT_VERSION_STRING;  // CMakeLists.txt project(VERSION)
 
 // Exit codes: 0 success; 1 a check failed or an error; 2 no suitable GPU for the command.
 inline constexpr int kExitOk = 0, kExitFailed = 1, kExitNoGpu = 2;
