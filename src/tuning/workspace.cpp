@@ -12,7 +12,7 @@ namespace moekit::detail {
 Tensor Pieces::add(DType dtype, std::initializer_list<int64_t> shape, bool present) {
   if (!present) return Tensor();
   Tensor t;
-  t.data = base_ + at_;
+  t.data = base_ != nullptr ? base_ + at_ : nullptr;  // sizing only: no pointer arithmetic on null
   t.dtype = dtype;
   for (int64_t d : shape) t.shape[t.rank++] = d;
   const int64_t bytes = checked_bytes(entry_, "plan", t);

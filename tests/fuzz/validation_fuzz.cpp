@@ -57,7 +57,7 @@ struct Bytes {
       case 2: return int64_t(1) << (u8() % 63);
       case 3: return (int64_t(1) << (u8() % 63)) - int64_t(u8() % 3);
       case 4: return INT64_MAX - int64_t(u8() % 4);
-      case 5: return -int64_t(u8() % 3) - (u8() & 1 ? INT64_MAX : 0);
+      case 5: return (u8() & 1) ? INT64_MIN + int64_t(u8() % 3) : -int64_t(u8() % 3) - 1;
       case 6: return kMaxLayoutRows - int64_t(u64_small(2) % 70000);
       default: return int64_t(u64());
     }
