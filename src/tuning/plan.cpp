@@ -5,6 +5,7 @@
 // (heuristic.cpp). Pure host code, unit-tested on the CPU.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "common/validate.hpp"
@@ -15,8 +16,13 @@
 namespace moekit {
 
 int64_t worst_case_rows(const MoeShape& s, int block_m) {
-  const int64_t rows = s.tokens * s.topk + s.experts * (block_m - 1);
-  return (rows + block_m - 1) / block_m * block_m;
+  // Checked: it is public, and plans edited after plan_forward reach it (workspace sizing).
+  int64_t tk = 0, pad = 0, rows = 0, up = 0;
+  if (block_m < 1 || __builtin_mul_overflow(s.tokens, s.topk, &tk) ||
+      __builtin_mul_overflow(s.experts, int64_t(block_m) - 1, &pad) || __builtin_add_overflow(tk, pad, &rows) ||
+      __builtin_add_overflow(rows, int64_t(block_m) - 1, &up))
+    return std::numeric_limits<int64_t>::max();
+  return up / block_m * block_m;
 }
 
 std::string RouterPlan::str() const {
