@@ -1,0 +1,101 @@
+// report_test.cpp — the files `moekit bench` writes (tools/moekit/report.cpp), without a GPU: the
+// --json document and the --csv lines of the same rows, read back. The CSV writer once iterated a
+// destroyed temporary (a segfault on the device after a whole benchmark's work).
+//
+// Build and run: cmake --build build --target moekit_cpu_tests && ./build/tests/moekit_cpu_tests --gtest_filter='Report*'
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moekit/report.hpp"
+
+namespace moekit::cli {
+namespace {
+
+// RFC 4180 fields of one line (quoted fields may hold commas and doubled quotes).
+std::vector<std::string> csv_fields(const std::string& line) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted && c == '"' && i + 1 < line.size() && line[i + 1] == '"') out.back() += '"', ++i;
+    else if (c == '"') quoted = !quoted;
+    else if (c == ',' && !quoted) out.emplace_back();
+    else out.back() += c;
+  }
+  return out;
+}
+
+std::vector<Row> sample_rows() {
+  std::vector<Row> rows(2);
+  rows[0].preset = "mixtral-8x7b";
+  rows[0].shape = {16, 4096, 14336, 8, 2};
+  rows[0].stage = "up";
+  rows[0].impl = "moekit";
+  rows[0].ms = 0.25;
+  rows[0].cost = {1000000, 2000, 3.5e9};
+  rows[0].read_time_ms = 0.2;
+  rows[0].tokens_per_expert = {4, 0, 7, 21};
+  rows[0].note = "a note, with a comma and a \"quote\"";
+  rows[1] = rows[0];
+  rows[1].stage = "down";
+  rows[1].read_time_ms.reset();  // a stage without weights: x_read_time is null
+  rows[1].dtype = "fp8";
+  rows[1].calc_diff = 2e-3;
+  return rows;
+}
+
+TEST(Report, CsvAndJsonHoldTheSameRows) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string json_path = (dir / "moekit_report_test.json").string();
+  const std::string csv_path = (dir / "moekit_report_test.csv").string();
+  RunInfo info;
+  info.command = "moekit bench --csv x.csv";
+  info.read_ceiling_TBps = 4.5;
+  info.dense_ceiling_TFLOPs = 700;
+  const std::vector<Row> rows = sample_rows();
+  write_rows(json_path, csv_path, info, rows);
+
+  std::ifstream jf(json_path);
+  const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(jf);
+  ASSERT_EQ(doc["rows"].size(), rows.size());
+  EXPECT_EQ(doc["rows"][0]["stage"], "up");
+  EXPECT_DOUBLE_EQ(doc["rows"][0]["x_read_time"].get<double>(), 0.25 / 0.2);
+  EXPECT_TRUE(doc["rows"][1]["x_read_time"].is_null());
+  EXPECT_EQ(doc["rows"][1]["dtype"], "fp8");
+
+  std::ifstream cf(csv_path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(cf, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), rows.size() + 1) << "a header, then one line per row";
+  const std::vector<std::string> header = csv_fields(lines[0]);
+  const auto& keys = doc["rows"][0];
+  ASSERT_EQ(header.size(), keys.size());
+  size_t i = 0;
+  for (const auto& [key, v] : keys.items()) EXPECT_EQ(header[i++], key);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const std::vector<std::string> f = csv_fields(lines[r + 1]);
+    ASSERT_EQ(f.size(), header.size()) << "line " << r + 1 << ": " << lines[r + 1];
+    auto field = [&](const std::string& k) {
+      for (size_t j = 0; j < header.size(); ++j)
+        if (header[j] == k) return f[j];
+      ADD_FAILURE() << "no column " << k;
+      return std::string();
+    };
+    EXPECT_EQ(field("stage"), rows[r].stage);
+    EXPECT_EQ(field("tokens_per_expert"), "4;0;7;21");
+    EXPECT_EQ(field("note"), rows[r].note);
+    EXPECT_EQ(field("x_read_time"), r == 0 ? doc["rows"][0]["x_read_time"].dump() : "");
+  }
+  std::remove(json_path.c_str());
+  std::remove(csv_path.c_str());
+}
+
+}  // namespace
+}  // namespace moekit::cli
