@@ -7,8 +7,7 @@
 // expert_counts: the backward replays it, never re-sorts) and its routing, and either nothing more
 // (the backward recomputes h = x·W13ᵀ) or h itself; plan_backward(forward_plan, device, options)
 // records every choice of the backward and the size of its own workspace, a pure host function of
-// the plan as the forward's is. The GPU entry is the next step of issue 18 (docs/design.md); this
-// header declares only what is implemented: the plan, its planner and the workspace layout.
+// the plan as the forward's is; moe_backward runs it on a stream (docs/design.md, "Backward").
 #pragma once
 
 #include <cstddef>
@@ -164,5 +163,15 @@ struct BackwardWorkspace {
 size_t backward_workspace_bytes(const BackwardPlan& plan);
 // Views into `base` (at least backward_workspace_bytes(plan) bytes, 256-byte aligned).
 BackwardWorkspace carve_backward_workspace(const BackwardPlan& plan, void* base, size_t bytes);
+
+// The backward pass of the layer the forward ran as `plan`'s forward plan: validates every argument
+// first (detail::check_backward: each error names its argument), then runs the stages on `stream` —
+// h recomputed (SavedActivations::recompute), the D GEMM with the dw / dh epilogue, d_topk_weights,
+// the router's gradient (RouterGrad::logits or ::gate), dx, and dW13 / dW2 over each expert's sorted
+// rows. No allocation, no host synchronisation: capturable in a CUDA graph (after one eager call on
+// the device). Deterministic: every output element is one thread's FP32 sum in an order fixed by
+// the layout, no atomics. `opt` is the forward's router options (read with a router gradient).
+void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const RouterOptions& opt,
+                  const BackwardGrads& grads, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace moekit
