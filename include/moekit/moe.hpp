@@ -31,6 +31,14 @@ struct MoeShape {
 // Limits the router's kernels are built for (E up to 512 experts, top-k up to 16).
 inline constexpr int64_t kMaxExperts = 512;
 inline constexpr int64_t kMaxTopk = 16;
+// Largest H and F a shape may have: moekit's bound (no kernel needs more), chosen so that every
+// tensor of a layer and every workspace size (forward and backward, split-K partials included)
+// fits a 64-bit byte count with room to spare once T·k is within 32-bit assignment ids.
+inline constexpr int64_t kMaxHidden = int64_t(1) << 20;
+inline constexpr int64_t kMaxInter = int64_t(1) << 20;
+// Largest worst-case layout (worst_case_rows at the largest block_m): sorted_ids are int32 and
+// hold the padding sentinel T·k, so every row index and the sentinel stay below 2^31 - 1.
+inline constexpr int64_t kMaxLayoutRows = int64_t(2147483647) - 1;
 
 enum class Scoring : int { softmax, sigmoid };
 
@@ -97,6 +105,10 @@ enum class SelectKernel : int { warp, cta };
 struct RouterPlan {
   GateKernel gate = GateKernel::cluster_16x8;
   SelectKernel select = SelectKernel::warp;
+  // FP8 layers: the gate kernel quantizes the x it reads for the logits (ws.x_q, ws.x_scale), so
+  // moe_forward reads x once: the decode (cluster) tilings, when H's slices hold whole 128-column
+  // groups and the x tile fits shared memory; elsewhere quantize_tokens' pass runs.
+  bool quantize_x = false;
   std::string str() const;
   bool operator==(const RouterPlan&) const = default;
 };
@@ -105,7 +117,8 @@ struct RouterPlan {
 enum class AlignKernel : int { warp, cta, grid };
 
 // Rows of the aligned layout in the worst case: T·k assignments plus every expert's last block
-// padded (E·(block_m − 1)), rounded up to whole blocks.
+// padded (E·(block_m − 1)), rounded up to whole blocks. Saturates at INT64_MAX for a shape whose
+// rows do not fit 64 bits (plan_forward refuses those: kMaxLayoutRows).
 int64_t worst_case_rows(const MoeShape& shape, int block_m);
 
 // The plan of one forward pass: every kernel choice of the layer (made by plan_forward, the one

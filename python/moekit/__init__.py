@@ -15,7 +15,7 @@ Two layers:
 :class:`moekit.CudaError` (a RuntimeError) without one. Bad arguments raise :class:`moekit.Error`
 (a ValueError) naming the argument.
 """
-import importlib.util
+from typing import Any
 
 from ._moekit import (
     FP8_BLOCK,
@@ -42,6 +42,7 @@ from ._moekit import (
     query_device,
     route,
 )
+from ._requires import require
 
 __all__ = [
     "FP8_BLOCK", "MAX_EXPERTS", "MAX_TOPK", "CudaError", "DeviceInfo", "Error", "Plan", "__version__", "align",
@@ -59,10 +60,9 @@ Error.__module__ = CudaError.__module__ = "moekit"
 _TORCH_NAMES = ("fused_moe", "fused_experts", "quantize_fp8_weights")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in _TORCH_NAMES or name == "torch":
-        if importlib.util.find_spec("torch") is None:
-            raise ImportError(f"moekit.{name} needs PyTorch: pip install torch")
+        require(f"moekit.{name}")
         import moekit.torch as _mt
 
         return _mt if name == "torch" else getattr(_mt, name)

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ._requires import require
+
+require("moekit._ops")
+
 import torch
 from torch import Tensor
 

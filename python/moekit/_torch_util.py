@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import atexit
 import functools
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
+
+from ._requires import require
+
+require("moekit._torch_util")
 
 import torch
 from torch import Tensor
 from torch.utils.dlpack import to_dlpack as _to_dlpack
 
 from . import _moekit as _C
+from .devices import H200, DeviceLike, as_device_info, check_plan, rename_plan_error
 
 _SCORING = ("softmax", "sigmoid")
 
@@ -59,11 +64,51 @@ def _cuda_index(fn: str, device) -> int:
     return torch.cuda.current_device() if d.index is None else d.index
 
 
-def plan(tokens: int, hidden: int, inter: int, experts: int, top_k: int, device=None,
+def plan(tokens: int, hidden: int, inter: int, experts: int, top_k: int,
+         device: Union[DeviceLike, torch.device, str] = None,
          precision: str = "bf16") -> _C.Plan:
-    """The moekit.Plan of this shape on a CUDA device (None: the current one), of precision
-    "bf16" or "fp8"; cached."""
+    """The moekit.Plan of this shape on a CUDA device (None: the current one; a torch.device, an
+    index or "cuda:N"), of precision "bf16" or "fp8"; cached. `device` may also describe a GPU
+    (a moekit.DeviceInfo or a dict of its fields, e.g. moekit.devices.H200): the plan is then
+    made without one."""
+    if isinstance(device, (_C.DeviceInfo, Mapping)):
+        return _C.plan_forward(tokens, hidden, inter, experts, top_k, device=as_device_info(device, "plan", "device"),
+                               precision=precision)
     return _plan(tokens, hidden, inter, experts, top_k, _cuda_index("plan", device), precision)
+
+
+# The planner's fields -> the arguments of fused_moe / fused_experts that carry them (H is x's
+# columns, F and E come from w13; top_k is fused_moe's top_k, fused_experts' topk_ids columns).
+_PLAN_NAMES = {"shape.tokens": "x", "shape.hidden": "x", "shape.inter": "w13", "shape.experts": "w13",
+               "device": "device_info"}
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_count() -> int:
+    return _C.device_count()
+
+
+def _check_plan(fn: str, tokens: int, hidden: int, inter: int, experts: int, top_k: int, precision: str,
+                device_info: DeviceLike, device: torch.device, topk_arg: str = "top_k") -> Optional[_C.Plan]:
+    """The layer's shape against the plan it runs with, before any device call, so that a shape
+    the planner refuses raises here naming the argument (not later, inside the op, behind the
+    device). The plan: of `device_info` when given (a description: moekit.DeviceInfo or a dict,
+    moekit.devices.H200), else of x's GPU (cached: the op reuses it), else, on a machine with no
+    GPU (fake tensors, CI), of the H200's description (the shape rules are the same on every
+    Hopper). None while torch.compile traces: the op plans when it runs, and a binding call here
+    would break the graph."""
+    if torch.compiler.is_compiling():
+        return None
+    names = dict(_PLAN_NAMES, **{"shape.topk": topk_arg})
+    if device_info is None and (_gpu_count() == 0 or device.type != "cuda"):
+        device_info = H200
+    if device_info is not None:
+        return check_plan(fn, tokens, hidden, inter, experts, top_k, precision, device_info, names)
+    try:
+        return _plan(tokens, hidden, inter, experts, top_k, device.index if device.index is not None
+                     else torch.cuda.current_device(), precision)
+    except _C.Error as e:
+        raise rename_plan_error(fn, e, names) from None
 
 
 def _workspace(p: _C.Plan, device: torch.device) -> Tensor:

@@ -20,7 +20,14 @@ import statistics
 import sys
 from typing import Callable, Optional
 
-import torch
+from ._requires import missing, require
+
+if __name__ == "__main__" and missing("moekit.bench"):
+    # `python -m moekit.bench ...` (--help too) without torch: one line and exit code 2, no traceback.
+    print(missing("moekit.bench"), file=sys.stderr)
+    sys.exit(2)
+require("moekit.bench")  # imported as a module: the same line, as a ModuleNotFoundError
+import torch  # noqa: E402
 
 from . import __version__
 from . import _moekit as _C
@@ -197,7 +204,7 @@ def print_row(r: dict, graph: bool):
           f"{r['err_moekit'] or 0:7.1e}", flush=True)
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moekit.bench", description=__doc__.split("\n")[0])
     ap.add_argument("--presets", default=",".join(PRESETS), help="comma-separated: " + ", ".join(PRESETS))
     ap.add_argument("--tokens", default="1,16,256,4096", help="comma-separated token counts T")

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ._requires import require
+
+require("moekit.fp8")
+
 import torch
 from torch import Tensor
 

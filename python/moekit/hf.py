@@ -31,6 +31,10 @@ import os
 import re
 from typing import Mapping, Optional, Sequence, Union
 
+from ._requires import require
+
+require("moekit.hf")
+
 import torch
 from torch import Tensor
 
@@ -58,7 +62,7 @@ def _fail(fn: str, arg: str, what: str):
 
 
 def pack_experts(gate: Sequence[Tensor], up: Sequence[Tensor], down: Sequence[Tensor], *,
-                 dtype: torch.dtype = torch.bfloat16, device=None) -> tuple[Tensor, Tensor]:
+                 dtype: torch.dtype = torch.bfloat16, device: Union[torch.device, str, int, None] = None) -> tuple[Tensor, Tensor]:
     """Stacks per-expert weights into (w13 [E, 2F, H], w2 [E, H, F]).
 
     gate[e], up[e]: [F, H] (nn.Linear(H, F).weight); down[e]: [H, F] (nn.Linear(F, H).weight).
@@ -91,7 +95,7 @@ def pack_experts(gate: Sequence[Tensor], up: Sequence[Tensor], down: Sequence[Te
 
 def pack_experts_fp8(gate: Sequence[Tensor], up: Sequence[Tensor], down: Sequence[Tensor],
                      gate_scale: Sequence[Tensor], up_scale: Sequence[Tensor], down_scale: Sequence[Tensor], *,
-                     device=None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                     device: Union[torch.device, str, int, None] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Stacks per-expert FP8 weights as stored (DeepSeek-V3's format) into (w13 [E, 2F, H],
     w13_scale [E, 2·ceil(F/128), ceil(H/128)], w2 [E, H, F], w2_scale [E, ceil(H/128), ceil(F/128)]).
 
@@ -213,7 +217,7 @@ def _fused(fn: str, gate_up: Tensor, down: Tensor, H: int, dtype: Optional[torch
         return (gate_up.detach().to(dtype).contiguous(), down.detach().to(dtype).contiguous())
 
 
-def pack_hf_moe(layer: torch.nn.Module, *, dtype: Optional[torch.dtype] = None, device=None) -> dict:
+def pack_hf_moe(layer: torch.nn.Module, *, dtype: Optional[torch.dtype] = None, device: Union[torch.device, str, int, None] = None) -> dict:
     """Packs the MoE of a Hugging Face decoder layer (or the MoE block itself).
 
     Returns dict(w_gate [E, H], w13 [E, 2F, H], w2 [E, H, F], w13_scale, w2_scale,
@@ -251,7 +255,7 @@ def pack_hf_moe(layer: torch.nn.Module, *, dtype: Optional[torch.dtype] = None, 
 
 
 def pack_hf_state_dict(state_dict: Mapping[str, Tensor], prefix: str, *, dtype: Optional[torch.dtype] = None,
-                       device=None) -> dict:
+                       device: Union[torch.device, str, int, None] = None) -> dict:
     """Packs one MoE block from a checkpoint's state dict, without building the HF model.
 
     prefix: the block's key prefix, e.g. "model.layers.3.block_sparse_moe" (Mixtral) or
@@ -303,7 +307,7 @@ def pack_hf_state_dict(state_dict: Mapping[str, Tensor], prefix: str, *, dtype: 
 
 
 def pack_hf_safetensors(files: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], prefix: str, *,
-                        dtype: Optional[torch.dtype] = None, device=None) -> dict:
+                        dtype: Optional[torch.dtype] = None, device: Union[torch.device, str, int, None] = None) -> dict:
     """pack_hf_state_dict of one MoE block read straight from a checkpoint's safetensors files (a
     path, or the shards' paths), loading only the tensors under `prefix` (needs safetensors)."""
     from safetensors import safe_open
@@ -318,7 +322,7 @@ def pack_hf_safetensors(files: Union[str, os.PathLike, Sequence[Union[str, os.Pa
     return pack_hf_state_dict(state_dict, prefix, dtype=dtype, device=device)
 
 
-def routing_from_hf_config(config, arch: Optional[str] = None) -> dict:
+def routing_from_hf_config(config: object, arch: Optional[str] = None) -> dict:
     """fused_moe's routing arguments from a Hugging Face config (MixtralConfig,
     Qwen3MoeConfig, DeepseekV3Config, or any object with the same attributes)."""
     arch = arch or getattr(config, "model_type", None)

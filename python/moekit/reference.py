@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ._requires import require
+
+require("moekit.reference")
+
 import torch
 from torch import Tensor
 

@@ -6,7 +6,11 @@ combine's output (from torch's allocator), so a sequence of them captures in a C
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
+
+from ._requires import require
+
+require("moekit.stages")
 
 import torch
 from torch import Tensor
@@ -29,8 +33,8 @@ class Workspace:
 
     _DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "e4m3": torch.float8_e4m3fn}
 
-    def __init__(self, tokens: int, hidden: int, inter: int, experts: int, top_k: int, device=None,
-                 precision: str = "bf16"):
+    def __init__(self, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
+                 device: Union[torch.device, str, int, None] = None, precision: str = "bf16") -> None:
         self.device = torch.device("cuda", _cuda_index("Workspace", device))
         self.plan = _plan(tokens, hidden, inter, experts, top_k, self.device.index, precision)
         self.buffer = _workspace(self.plan, self.device)
@@ -46,7 +50,7 @@ class Workspace:
             nbytes *= s
         return self.buffer[offset:offset + nbytes].view(dt).view(shape)
 
-    def check_status(self):
+    def check_status(self) -> None:
         """Synchronises the stream; raises moekit.Error if a kernel flagged an expert id outside [0, E)."""
         _C.check_status(self.plan, _dl(self.buffer), stream=_stream(self.device))
 

@@ -17,15 +17,20 @@ Forward only: no autograd formula is registered (backward is a later stage of mo
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Union
+
+from ._requires import require
+
+require("moekit.torch")
 
 import torch
 from torch import Tensor
 
 from . import _moekit as _C
 from . import _ops  # noqa: F401  registers torch.ops.moekit.*
-from ._torch_util import (_alias, _check, _check_router, _check_routing, _fail, _forward_only,
+from ._torch_util import (_alias, _check, _check_plan, _check_router, _check_routing, _fail, _forward_only,
                           _grouped_topk, _required, plan)
+from .devices import DeviceLike
 from .fp8 import check_fp8_experts, quantize_fp8_weights
 from .hf import ARCH_DEFAULTS, pack_experts, pack_hf_moe, pack_hf_state_dict, routing_from_hf_config
 from .stages import Workspace, align, expert_down, expert_up, quantize_tokens
@@ -49,7 +54,8 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
               use_grouped_topk: Optional[bool] = None, use_fp8_w8a8: bool = False,
               w13_scale: Optional[Tensor] = None, w2_scale: Optional[Tensor] = None,
               w1_scale: Optional[Tensor] = None, a1_scale: Optional[Tensor] = None,
-              a2_scale: Optional[Tensor] = None, block_shape=None) -> Tensor:
+              a2_scale: Optional[Tensor] = None, block_shape: Optional[Sequence[int]] = None,
+              device_info: DeviceLike = None) -> Tensor:
     """One MoE layer: y = Σ_j w_j · FFN_{e_j}(x), routing included.
 
     x [T, H] bf16; w13 [E, 2F, H] bf16 (gate rows, then up rows); w2 [E, H, F] bf16. Routing
@@ -82,6 +88,11 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
     blocks, then up's), block_shape=[128, 128]. x stays bf16: the library quantizes it per token
     and 128 columns on the device, so a1_scale/a2_scale (static activation scales) are refused.
     moekit.quantize_fp8_weights makes this format from bf16 weights; moekit.hf loads it.
+
+    The shape is checked against the plan it runs with before any device call (an error names
+    the argument: H is x's, F and E are w13's). device_info (a moekit.DeviceInfo or a dict of
+    its fields, e.g. moekit.devices.H200) plans that check on a described GPU instead of x's, so
+    it runs on a machine without one; the kernels still run with x's GPU's own plan.
     """
     fn = "fused_moe"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
@@ -101,12 +112,14 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
                                              routed_scaling_factor)
     _forward_only(fn, x=x, w13=w13, w2=w2, router_logits=router_logits, w_gate=w_gate,
                   e_score_correction_bias=e_score_correction_bias)
+    if out is not None:
+        _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
+    _check_plan(fn, T, H, F, E, top_k, "fp8" if use_fp8_w8a8 else "bf16", device_info, x.device)
     args = (x, w13, w2, router_logits, w_gate, e_score_correction_bias, top_k, bool(renormalize), scoring_func,
             n_group, t_group, float(routed_scaling_factor))
     scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
     if out is None:
         return torch.ops.moekit.fused_moe(*args, *scales)
-    _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
     torch.ops.moekit.fused_moe_out(*args, out, *scales)
     return out
 
@@ -122,7 +135,7 @@ def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: 
     topk_ids [T, k] int32 in [0, E). An id outside is not checked on the host (that would sync):
     align skips it and flags the workspace (Workspace.check_status in the staged API), and the
     token's output is undefined. `out`, vLLM's names (hidden_states = x, w1 = w13) and FP8
-    (use_fp8_w8a8, w1_scale, w2_scale, block_shape) as in fused_moe."""
+    (use_fp8_w8a8, w1_scale, w2_scale, block_shape) and device_info as in fused_moe."""
     fn = "fused_experts"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
     w13 = _required(fn, "w13", _alias(fn, "w13", w13, "w1", w1), "w1")
@@ -134,10 +147,12 @@ def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: 
         _fail(fn, "topk_ids", f"k must be in [1, {_C.MAX_TOPK}], got {k}")
     _check(fn, "topk_weights", topk_weights, (torch.float32,), (("T", T), ("k", k)), x.device)
     _forward_only(fn, x=x, w13=w13, w2=w2, topk_weights=topk_weights)
+    if out is not None:
+        _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
+    _check_plan(fn, T, H, F, E, k, "fp8" if use_fp8_w8a8 else "bf16", device_info, x.device, "topk_ids")
     scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
     if out is None:
         return torch.ops.moekit.fused_experts(x, w13, w2, topk_weights, topk_ids, *scales)
-    _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
     torch.ops.moekit.fused_experts_out(x, w13, w2, topk_weights, topk_ids, out, *scales)
     return out
 
@@ -211,7 +226,7 @@ class MoE(torch.nn.Module):
                  scoring_func: str = "softmax", num_expert_group: Optional[int] = None,
                  topk_group: Optional[int] = None, score_bias: bool = False,
                  routed_scaling_factor: float = 1.0, gate_dtype: torch.dtype = torch.bfloat16,
-                 device=None, dtype: torch.dtype = torch.bfloat16):
+                 device: Union[torch.device, str, int, None] = None, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__()
         if dtype != torch.bfloat16:
             _fail("MoE", "dtype", f"moekit's experts run in bfloat16, got {dtype}")
@@ -236,7 +251,7 @@ class MoE(torch.nn.Module):
         self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
         for p, fan_in in ((self.w_gate, self.hidden), (self.w13, self.hidden), (self.w2, self.inter)):
             if p.device.type != "meta":
@@ -264,13 +279,14 @@ class MoE(torch.nn.Module):
         return s
 
     @classmethod
-    def from_hf(cls, layer: torch.nn.Module, config=None, arch: Optional[str] = None, **overrides) -> "MoE":
+    def from_hf(cls, layer: torch.nn.Module, config: object = None, arch: Optional[str] = None, **overrides) -> "MoE":
         """The MoE of a Hugging Face decoder layer (or its MoE block): Mixtral, Qwen3-MoE or
         DeepSeek-V3. See moekit.torch.moe_from_hf."""
         return moe_from_hf(layer, config, arch, **overrides)
 
 
-def moe_from_hf(layer: torch.nn.Module, config=None, arch: Optional[str] = None, *, device=None, **overrides):
+def moe_from_hf(layer: torch.nn.Module, config: object = None, arch: Optional[str] = None, *,
+                device: Union[torch.device, str, int, None] = None, **overrides) -> "MoE":
     """A moekit.torch.MoE holding the packed weights of a Hugging Face decoder layer's MoE.
 
     Routing comes from `config` (the model's HF config) when given, else from

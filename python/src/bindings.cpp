@@ -26,6 +26,7 @@
 
 #include "boundary.hpp"
 #include "moekit/moe.hpp"
+#include "moekit/version.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -142,7 +143,7 @@ NB_MODULE(_moekit, m) {
   using namespace moekit;
   using namespace moekit::py;
   m.doc() = "moekit: the kernels of one Mixture-of-Experts layer for NVIDIA Hopper (sm_90a).";
-  m.attr("__version__") = MOEKIT_VERSION;
+  m.attr("__version__") = moekit::version();  // CMakeLists.txt project(VERSION)
   m.attr("MAX_EXPERTS") = kMaxExperts;
   m.attr("MAX_TOPK") = kMaxTopk;
   m.attr("FP8_BLOCK") = kFp8Block;

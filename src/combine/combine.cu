@@ -51,7 +51,7 @@ void combine(const Tensor& y_rows, int64_t topk, const Tensor& y, cudaStream_t s
   if (topk < 1 || topk > kMaxTopk) detail::fail(fn, "topk", "must be in [1, 16], got " + std::to_string(topk));
   if (H % 8 != 0) detail::fail(fn, "y", "hidden size must be a multiple of 8, got " + std::to_string(H));
   detail::expect_tensor(fn, "y", y, DType::bf16, {T, H});
-  detail::expect_tensor(fn, "y_rows", y_rows, DType::bf16, {T * topk, H});
+  detail::expect_tensor(fn, "y_rows", y_rows, DType::bf16, {detail::checked_mul(fn, "y", "T·k", T, topk), H});
   nvtxRangePushA("moekit.combine");
   detail::launch_combine(y_rows.data, nullptr, y.data, T, H, int(topk), stream);
   nvtxRangePop();
@@ -66,7 +66,7 @@ void combine_partials(const Tensor& y_partials, int64_t topk, const Tensor& y, c
   if (S < 1 || S > kMaxDownSplits) detail::fail(fn, "y_partials", "splits must be in [1, 8], got " + std::to_string(S));
   if (H % 8 != 0) detail::fail(fn, "y", "hidden size must be a multiple of 8, got " + std::to_string(H));
   detail::expect_tensor(fn, "y", y, DType::bf16, {T, H});
-  detail::expect_tensor(fn, "y_partials", y_partials, DType::f32, {S, T * topk, H});
+  detail::expect_tensor(fn, "y_partials", y_partials, DType::f32, {S, detail::checked_mul(fn, "y", "T·k", T, topk), H});
   nvtxRangePushA("moekit.combine");
   detail::launch_combine_partials(y_partials.as<const float>(), int(S), y.data, T, H, int(topk), stream);
   nvtxRangePop();

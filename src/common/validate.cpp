@@ -12,6 +12,37 @@ void fail(const char* entry, const char* arg, const std::string& what) {
   throw Error(std::string("moekit::") + entry + ": argument '" + arg + "': " + what);
 }
 
+int64_t checked_mul(const char* entry, const char* arg, const char* what, int64_t a, int64_t b) {
+  int64_t p = 0;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &p))
+    fail(entry, arg, std::string(what) + " = " + std::to_string(a) + " * " + std::to_string(b) +
+                         " does not fit a 64-bit size (at most 2^63 - 1)");
+  return p;
+}
+
+int64_t checked_add(const char* entry, const char* arg, const char* what, int64_t a, int64_t b) {
+  int64_t p = 0;
+  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &p))
+    fail(entry, arg, std::string(what) + " = " + std::to_string(a) + " + " + std::to_string(b) +
+                         " does not fit a 64-bit size (at most 2^63 - 1)");
+  return p;
+}
+
+int64_t checked_bytes(const char* entry, const char* arg, const Tensor& t) {
+  if (t.rank < 0 || t.rank > Tensor::kMaxRank)
+    fail(entry, arg, "rank must be in [0, " + std::to_string(Tensor::kMaxRank) + "], got " + std::to_string(t.rank));
+  int64_t n = t.rank == 0 ? 0 : 1;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 0) fail(entry, arg, "dimensions must be >= 0, got " + t.shape_str());
+    if (__builtin_mul_overflow(n, t.shape[i], &n))
+      fail(entry, arg, "shape " + t.shape_str() + " has more elements than a 64-bit size holds (2^63 - 1)");
+  }
+  if (__builtin_mul_overflow(n, dtype_bytes(t.dtype), &n))
+    fail(entry, arg, "shape " + t.shape_str() + " of " + dtype_name(t.dtype) +
+                         " has more bytes than a 64-bit size holds (2^63 - 1)");
+  return n;
+}
+
 static std::string shape_of(std::initializer_list<int64_t> shape) {
   std::string s = "[";
   int i = 0;
@@ -28,7 +59,7 @@ void expect_tensor(const char* entry, const char* arg, const Tensor& t, DType dt
   int i = 0;
   for (int64_t d : shape) same = same && t.shape[i++] == d;
   if (!same) fail(entry, arg, "expected shape " + shape_of(shape) + ", got " + t.shape_str());
-  if (t.numel() > 0 && t.data == nullptr) fail(entry, arg, "data pointer is null");
+  if (checked_bytes(entry, arg, t) > 0 && t.data == nullptr) fail(entry, arg, "data pointer is null");
   if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
     fail(entry, arg, "data pointer must be 16-byte aligned");
 }
@@ -41,21 +72,37 @@ bool expect_optional(const char* entry, const char* arg, const Tensor& t, DType 
 }
 
 void expect_shape(const MoeShape& s, const char* entry) {
-  if (s.tokens < 0) fail(entry, "shape.tokens", "must be >= 0, got " + std::to_string(s.tokens));
-  if (s.hidden <= 0 || s.hidden % 8 != 0)
-    fail(entry, "shape.hidden", "must be a positive multiple of 8 (16-byte rows), got " + std::to_string(s.hidden));
-  if (s.inter <= 0 || s.inter % 8 != 0)
-    fail(entry, "shape.inter", "must be a positive multiple of 8 (16-byte rows), got " + std::to_string(s.inter));
+  // Each value is bounded before any product of them is formed, so none of the products below (or
+  // the workspace's, or the stages') can wrap.
+  if (s.tokens < 0 || s.tokens > kMaxLayoutRows)
+    fail(entry, "shape.tokens", "must be in [0, " + std::to_string(kMaxLayoutRows) +
+                                    "] (T·k indexes 32-bit sorted_ids), got " + std::to_string(s.tokens));
+  if (s.hidden <= 0 || s.hidden % 8 != 0 || s.hidden > kMaxHidden)
+    fail(entry, "shape.hidden", "must be a positive multiple of 8 (16-byte rows) and at most " +
+                                    std::to_string(kMaxHidden) + " (2^20, moekit's bound), got " + std::to_string(s.hidden));
+  if (s.inter <= 0 || s.inter % 8 != 0 || s.inter > kMaxInter)
+    fail(entry, "shape.inter", "must be a positive multiple of 8 (16-byte rows) and at most " +
+                                   std::to_string(kMaxInter) + " (2^20, moekit's bound), got " + std::to_string(s.inter));
   if (s.experts <= 0 || s.experts > kMaxExperts)
     fail(entry, "shape.experts", "must be in [1, " + std::to_string(kMaxExperts) + "], got " + std::to_string(s.experts));
   if (s.topk <= 0 || s.topk > kMaxTopk)
     fail(entry, "shape.topk", "must be in [1, " + std::to_string(kMaxTopk) + "], got " + std::to_string(s.topk));
   if (s.topk > s.experts)
     fail(entry, "shape.topk", "k = " + std::to_string(s.topk) + " exceeds the number of experts " + std::to_string(s.experts));
-  // sorted_ids are int32 and hold the sentinel T*k; the worst-case layout of the largest block_m
-  // must stay within them.
-  if (worst_case_rows(s, tuning::kLargestBlockM) >= std::numeric_limits<int32_t>::max())
-    fail(entry, "shape.tokens", "T*k = " + std::to_string(s.tokens * s.topk) + " is too large for 32-bit assignment ids");
+  // sorted_ids are int32 and hold the sentinel T·k: the worst-case layout of the largest block_m,
+  // T·k + E·(block_m − 1) rounded up to whole blocks, must stay within kMaxLayoutRows.
+  const int64_t tk = checked_mul(entry, "shape.tokens", "T·k", s.tokens, s.topk);  // < 2^35: bounded above
+  const int64_t rows = worst_case_rows(s, tuning::kLargestBlockM);
+  if (rows > kMaxLayoutRows) {
+    const int64_t bm = tuning::kLargestBlockM;
+    const int64_t max_tk = kMaxLayoutRows / bm * bm - s.experts * (bm - 1);
+    fail(entry, "shape.tokens",
+         "T·k = " + std::to_string(tk) + " assignments need a worst-case layout of " + std::to_string(rows) +
+             " rows (T·k + E·(" + std::to_string(bm) + " − 1), whole " + std::to_string(bm) +
+             "-row blocks), above the 32-bit sorted_ids' limit of " + std::to_string(kMaxLayoutRows) +
+             " rows: at most T = " + std::to_string(max_tk / s.topk) + " tokens for E = " + std::to_string(s.experts) +
+             ", k = " + std::to_string(s.topk));
+  }
 }
 
 void expect_shape_precision(const MoeShape& s, Precision precision, const char* entry) {
@@ -83,6 +130,15 @@ void expect_plan(const ForwardPlan& plan, const char* entry) {
   if (!tuning::select_kernel_fits(plan.router.select, s.experts))
     fail(entry, "plan", "selection kernel '" + tuning::to_string(plan.router.select) + "' cannot take " +
                             std::to_string(s.experts) + " experts: the shape changed after plan_forward; plan again");
+}
+
+void expect_plan_sizes(const ForwardPlan& plan, const char* entry) {
+  expect_shape(plan.shape, entry);
+  if (plan.up.block_m < 1 || plan.down.block_m < 1)
+    fail(entry, "plan", "block_m must be >= 1, got up " + std::to_string(plan.up.block_m) + ", down " +
+                            std::to_string(plan.down.block_m) + ": make plans with plan_forward");
+  if (plan.down_splits < 1)
+    fail(entry, "plan", "down_splits must be >= 1, got " + std::to_string(plan.down_splits) + ": make plans with plan_forward");
 }
 
 void expect_hopper(const DeviceInfo& device, const char* entry) {

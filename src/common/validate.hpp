@@ -13,6 +13,15 @@ namespace moekit::detail {
 
 [[noreturn]] void fail(const char* entry, const char* arg, const std::string& what);
 
+// Products and sums of shape values, checked before they are formed: a·b (a + b) of non-negative
+// operands, or fail(entry, arg, "<what> = a·b does not fit 64 bits") — a wrapped product would
+// pass a shape comparison or size a buffer too small. Validators bound each value first, so these
+// are the backstop for values no bound covers (a tensor's own dims, a plan edited by hand).
+int64_t checked_mul(const char* entry, const char* arg, const char* what, int64_t a, int64_t b);
+int64_t checked_add(const char* entry, const char* arg, const char* what, int64_t a, int64_t b);
+// The bytes of `t` (every dim >= 0, the product checked), or fail(entry, arg, ...).
+int64_t checked_bytes(const char* entry, const char* arg, const Tensor& t);
+
 // A given tensor of this dtype and exactly this shape, with a non-null, 16-byte aligned pointer
 // (the kernels move 16-byte vectors). An empty shape (numel 0) may have a null pointer.
 void expect_tensor(const char* entry, const char* arg, const Tensor& t, DType dtype,
@@ -20,6 +29,9 @@ void expect_tensor(const char* entry, const char* arg, const Tensor& t, DType dt
 // Same, but the argument may be absent (Tensor{}); returns whether it was given.
 bool expect_optional(const char* entry, const char* arg, const Tensor& t, DType dtype,
                      std::initializer_list<int64_t> shape);
+// T >= 0, H and F positive multiples of 8 up to kMaxHidden / kMaxInter, E in [1, kMaxExperts], k in
+// [1, min(kMaxTopk, E)], and the worst-case layout within kMaxLayoutRows (int32 sorted_ids). Each
+// bound is checked before any product of the values is formed; errors state the bound.
 void expect_shape(const MoeShape& s, const char* entry);
 // What a precision adds to the shape: fp8 rows of e4m3 are 16-byte vectors, so H and F are
 // multiples of 16.
@@ -34,6 +46,10 @@ void expect_expert_weights(const char* entry, const ForwardPlan& plan, const cha
 // router's and align's kernels can take the shape (a plan made for another shape and edited after
 // plan_forward is refused: "plan again").
 void expect_plan(const ForwardPlan& plan, const char* entry);
+// What sizing a plan's workspace needs of it (workspace_bytes, carve_workspace): a valid shape,
+// block_m >= 1 and down_splits >= 1. Less than expect_plan, so a plan edited after planning can
+// still be sized and handed to an entry, which refuses it by name.
+void expect_plan_sizes(const ForwardPlan& plan, const char* entry);
 // moekit's kernels are built for sm_90a: the device must be a Hopper.
 void expect_hopper(const DeviceInfo& device, const char* entry);
 

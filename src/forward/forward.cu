@@ -2,7 +2,8 @@
 // the caller's workspace. Each entry validates everything once, before the first launch (a bad
 // argument leaves no half-run layer), then composes the stages' unchecked launchers with the
 // plan's kernels. No allocation, no host sync: the sequence captures in a CUDA graph.
-// FP8 plans quantize x per token and 128 columns (ws.x_q, ws.x_scale) before align, and the
+// FP8 plans quantize x per token and 128 columns (ws.x_q, ws.x_scale): in moe_forward's router,
+// whose gate kernel reads x anyway (RouterPlan::quantize_x), else in a pass before align; the
 // GEMMs read e4m3 weights with their block scales (docs/design.md, "FP8").
 #include <nvtx3/nvToolsExt.h>
 
@@ -29,12 +30,15 @@ void expect_experts(const char* fn, const ForwardPlan& plan, const Tensor& x, co
   detail::expect_tensor(fn, "y", y, DType::bf16, {s.tokens, s.hidden});
 }
 
-// Stages 2-5 on a carved workspace, arguments validated (fp8: the tokens quantized first).
+// Stages 2-5 on a carved workspace, arguments validated (fp8: the tokens quantized first, unless
+// the router did: x_quantized).
 void run_experts(const ForwardPlan& plan, const void* x, const ExpertWeights& w, const int32_t* topk_ids,
-                 const float* topk_weights, void* y, const Workspace& ws, cudaStream_t stream) {
+                 const float* topk_weights, void* y, const Workspace& ws, cudaStream_t stream,
+                 bool x_quantized = false) {
   const MoeShape& s = plan.shape;
   const bool fp8 = plan.precision() == Precision::fp8;
-  if (fp8) detail::launch_quantize_tokens(x, s.tokens, s.hidden, ws.x_q.data, ws.x_scale.as<float>(), stream);
+  if (fp8 && !x_quantized)
+    detail::launch_quantize_tokens(x, s.tokens, s.hidden, ws.x_q.data, ws.x_scale.as<float>(), stream);
   detail::launch_align(plan.align, topk_ids, s.tokens * s.topk, int(s.experts), plan.block_m(),
                        detail::align_outputs(plan, ws), stream);
   detail::launch_expert_up(plan, fp8 ? ws.x_q.data : x, w.w13.data, ws, stream, w.w13_scale.as<const float>());
@@ -81,13 +85,17 @@ void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptio
                                s.topk, s.experts, s.hidden);
   const Workspace ws = detail::carve_named(plan, workspace, workspace_bytes, fn, "workspace", "workspace_bytes");
   nvtxRangePushA("moekit.moe_forward");
-  detail::launch_route(plan.router,
-                       detail::router_params(in.x, in.w_gate, in.router_logits, in.score_bias, opt,
-                                             ws.topk_ids.as<int32_t>(), ws.topk_weights.as<float>(), s.tokens,
-                                             s.experts, s.topk),
-                       in.w_gate.dtype, ws.router_logits.as<float>(), stream);
+  const detail::XQuant xq = plan.precision() == Precision::fp8
+                                ? detail::XQuant{static_cast<uint8_t*>(ws.x_q.data), ws.x_scale.as<float>()}
+                                : detail::XQuant{};
+  const bool x_quantized =
+      detail::launch_route(plan.router,
+                           detail::router_params(in.x, in.w_gate, in.router_logits, in.score_bias, opt,
+                                                 ws.topk_ids.as<int32_t>(), ws.topk_weights.as<float>(), s.tokens,
+                                                 s.experts, s.topk),
+                           in.w_gate.dtype, ws.router_logits.as<float>(), stream, xq);
   run_experts(plan, in.x.data, w, ws.topk_ids.as<const int32_t>(), ws.topk_weights.as<const float>(), y.data, ws,
-              stream);
+              stream, x_quantized);
   nvtxRangePop();
 }
 

@@ -24,10 +24,23 @@ kernels::router::Params router_params(const Tensor& x, const Tensor& w_gate, con
                                       const Tensor& score_bias, const RouterOptions& opt, int32_t* topk_ids,
                                       float* topk_weights, int64_t tokens, int64_t experts, int64_t topk);
 
+// Where an FP8 layer's router puts x quantized (ws.x_q [T, H] e4m3, ws.x_scale [T, ceil(H/128)]).
+struct XQuant {
+  uint8_t* q = nullptr;
+  float* scale = nullptr;
+};
+
+// Whether launch_route quantizes x on the way (the plan asks, and its gate kernel runs on a bf16
+// w_gate: logits computed into a scratch, a cluster tiling).
+bool route_quantizes_x(const RouterPlan& plan, const kernels::router::Params& p, DType w_gate_dtype,
+                       const float* logits_scratch);
+
 // Stage 1 with plan's kernels: when p.logits is null and logits_scratch is given, the logits are
 // computed into it first (bf16 w_gate: plan.gate on the tensor cores; f32: the CUDA cores), then
-// selected with plan.select; without a scratch one warp per token computes and selects.
-void launch_route(const RouterPlan& plan, kernels::router::Params p, DType w_gate_dtype, float* logits_scratch,
-                  cudaStream_t stream);
+// selected with plan.select; without a scratch one warp per token computes and selects. With `xq`
+// given and route_quantizes_x, the gate also writes x quantized, bitwise quantize_tokens'; returns
+// whether it did.
+bool launch_route(const RouterPlan& plan, kernels::router::Params p, DType w_gate_dtype, float* logits_scratch,
+                  cudaStream_t stream, const XQuant& xq = {});
 
 }  // namespace moekit::detail

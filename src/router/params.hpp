@@ -40,6 +40,11 @@ struct GateParams {
   float* logits;                // [T, E]
   int64_t tokens, hidden;
   int experts;
+  // FP8 layers (RouterPlan::quantize_x): the cluster kernels also quantize the x they read, as
+  // quantize_tokens does (bitwise), into x_q [T, H] e4m3 and x_scale [T, ceil(H/128)]. Null
+  // otherwise.
+  uint8_t* x_q;
+  float* x_scale;
 };
 constexpr int kGateSlices = 8;  // H slices: CTAs per cluster, one slice each (gate/order.hpp)
 constexpr int kGateWarps = 8;   // warps per CTA
@@ -48,6 +53,33 @@ constexpr int kGateStep = 32;   // columns of one warp step: 8 per lane of a qua
 // Columns of each slice: ceil(H / slices), rounded up to whole steps.
 MK_HD constexpr int64_t gate_slice_width(int64_t hidden) {
   return (hidden + int64_t(kGateSlices) * kGateStep - 1) / (int64_t(kGateSlices) * kGateStep) * kGateStep;
+}
+
+// Dynamic shared memory of a cluster or looped instance (gate/warp_partial.cuh): the per-warp load
+// staging, which the warp partials reuse after the main loop. MT: 16-token row tiles per CTA; NT:
+// 8-expert column tiles.
+template <int MT, int NT>
+struct GateTile {
+  static constexpr int kRows = MT * 16, kCols = NT * 8;
+  // Steps a warp keeps in flight (loads issued together, then the MMAs): decode tiles are bound
+  // by load latency, larger tiles by registers.
+  static constexpr int kUnroll = MT * NT == 1 ? 4 : 2;
+  static constexpr int kChunks = NT + 2 * MT;                           // 16-byte loads per lane per step
+  static constexpr int kStageBytes = kUnroll * kChunks * 32 * 16;       // per warp
+  static constexpr int kPartialBytes = kRows * kCols * 4;               // per warp
+  static constexpr int kWarpBytes = kStageBytes > kPartialBytes ? kStageBytes : kPartialBytes;
+  static constexpr int kSmemBytes = kGateWarps * kWarpBytes;
+};
+
+// Quantizing x in the gate (GateParams::x_q): the CTA keeps its tile's x of one slice in shared
+// memory after kSmemBytes — kRows rows of the slice's columns, each row padded by 16 bytes so the
+// MMAs' 16-byte reads of 8 rows fall in 8 bank groups — and quantizes it once the slice is
+// loaded. Needs slices of whole 128-column groups (a group never straddles two CTAs).
+MK_HD constexpr int64_t gate_x_row_bytes(int64_t hidden) { return gate_slice_width(hidden) * 2 + 16; }
+MK_HD constexpr bool gate_slices_hold_groups(int64_t hidden) { return gate_slice_width(hidden) % 128 == 0; }
+template <int MT, int NT>
+MK_HD constexpr int64_t gate_quantizing_smem_bytes(int64_t hidden) {
+  return GateTile<MT, NT>::kSmemBytes + int64_t(GateTile<MT, NT>::kRows) * gate_x_row_bytes(hidden);
 }
 // Entries of the pipelined kernel's step table for H: at most ceil(H / 32) steps plus one partial
 // step per slice.

@@ -47,29 +47,54 @@ void for_each_token_chunk(const kr::GateParams& p, int64_t rows, Launch&& launch
     c.tokens = std::min(chunk, p.tokens - t0);
     c.x = p.x + t0 * p.hidden;
     c.logits = p.logits + t0 * p.experts;
+    if (p.x_q != nullptr) {
+      c.x_q = p.x_q + t0 * p.hidden;
+      c.x_scale = p.x_scale + t0 * ((p.hidden + kFp8Block - 1) / kFp8Block);
+    }
     launch(c, unsigned((c.tokens + rows - 1) / rows));
   }
 }
 
 // A cluster or looped instance of gate/cluster.cuh: every one sums each logit in the same order.
-template <int MT, int NT, bool kLooped>
+// kQuantX (p.x_q given; cluster kernels only): the instance that also quantizes x, with its x tile
+// after the staging.
+template <int MT, int NT, bool kLooped, bool kQuantX>
 void launch_gate(const kr::GateParams& p, cudaStream_t stream) {
   using Tile = kr::GateTile<MT, NT>;
   void (*kernel)(kr::GateParams) = nullptr;
+  static_assert(!(kLooped && kQuantX), "only the cluster kernels quantize x");
   if constexpr (kLooped) kernel = kr::gate_logits_looped_kernel<MT, NT>;
-  else kernel = kr::gate_logits_kernel<MT, NT>;
-  // Once per instance and device (as the GEMMs): allow its dynamic shared memory.
+  else kernel = kr::gate_logits_kernel<MT, NT, kQuantX>;
+  // Once per instance and device (as the GEMMs): allow its dynamic shared memory (kQuantX: all the
+  // device allows beside the kernel's static partial tile, as the x tile grows with H; the planner
+  // checked that it fits).
   static PerDevice<bool> smem_ready;
-  smem_ready.get([&](int) {
-    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes));
+  smem_ready.get([&](int device) {
+    int dynamic = Tile::kSmemBytes;
+    if (kQuantX) {
+      int optin = 0;
+      cudaFuncAttributes attr{};
+      MK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+      MK_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+      dynamic = optin - int(attr.sharedSizeBytes);
+    }
+    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
     return true;
   });
+  const size_t smem = kQuantX ? size_t(kr::gate_quantizing_smem_bytes<MT, NT>(p.hidden)) : size_t(Tile::kSmemBytes);
   const unsigned e_tiles = unsigned((p.experts + Tile::kCols - 1) / Tile::kCols);
   for_each_token_chunk(p, Tile::kRows, [&](const kr::GateParams& c, unsigned token_tiles) {
     const dim3 grid(e_tiles * (kLooped ? 1 : kr::kGateSlices), token_tiles);
     launch_pdl(kLooped ? "gate_logits_looped_kernel" : "gate_logits_kernel", kernel, grid, dim3(32 * kr::kGateWarps),
-               size_t(Tile::kSmemBytes), stream, c);
+               smem, stream, c);
   });
+}
+
+template <int MT, int NT, bool kLooped>
+void launch_gate(const kr::GateParams& p, cudaStream_t stream) {
+  if constexpr (!kLooped)
+    if (p.x_q != nullptr) return launch_gate<MT, NT, false, true>(p, stream);
+  launch_gate<MT, NT, kLooped, false>(p, stream);
 }
 
 // The pipelined kernel (gate/pipelined.cuh); the planner picks it only when its shared memory for
@@ -163,12 +188,21 @@ kr::Params router_params(const Tensor& x, const Tensor& w_gate, const Tensor& lo
   return p;
 }
 
-void launch_route(const RouterPlan& plan, kr::Params p, DType w_dtype, float* logits_scratch, cudaStream_t stream) {
-  if (p.tokens == 0) return;
+bool route_quantizes_x(const RouterPlan& plan, const kr::Params& p, DType w_dtype, const float* logits_scratch) {
+  const bool cluster = plan.gate == GateKernel::cluster_16x8 || plan.gate == GateKernel::cluster_32x8 ||
+                       plan.gate == GateKernel::cluster_32x32;
+  return plan.quantize_x && cluster && p.logits == nullptr && logits_scratch != nullptr && w_dtype == DType::bf16;
+}
+
+bool launch_route(const RouterPlan& plan, kr::Params p, DType w_dtype, float* logits_scratch, cudaStream_t stream,
+                  const XQuant& xq) {
+  if (p.tokens == 0) return false;
+  const bool quantize = xq.q != nullptr && route_quantizes_x(plan, p, w_dtype, logits_scratch);
   if (p.logits == nullptr && logits_scratch != nullptr) {  // logits over many CTAs first, then selection
     if (w_dtype == DType::bf16) {
       launch_gate(plan.gate,
-                  {p.x, static_cast<const __nv_bfloat16*>(p.w_gate), logits_scratch, p.tokens, p.hidden, p.experts},
+                  {p.x, static_cast<const __nv_bfloat16*>(p.w_gate), logits_scratch, p.tokens, p.hidden, p.experts,
+                   quantize ? xq.q : nullptr, quantize ? xq.scale : nullptr},
                   stream);
     } else {
       // Token tiles on x (up to 2^31 - 1), expert groups on y (E/4 <= 128).
@@ -187,6 +221,7 @@ void launch_route(const RouterPlan& plan, kr::Params p, DType w_dtype, float* lo
   else if (p.experts <= 128) launch_select<4>(p, w_dtype, stream);
   else if (p.experts <= 256) launch_select<8>(p, w_dtype, stream);
   else launch_select<16>(p, w_dtype, stream);
+  return quantize;
 }
 
 }  // namespace detail

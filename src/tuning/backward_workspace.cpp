@@ -35,10 +35,10 @@ BackwardWorkspace lay_out_backward_workspace(const BackwardPlan& p, Pieces& piec
 BackwardWorkspace carve_backward_named(const BackwardPlan& p, void* base, size_t bytes, const char* entry,
                                        const char* base_arg, const char* bytes_arg) {
   expect_backward_plan(p, entry);
-  Pieces sizes;
+  Pieces sizes(nullptr, entry);
   lay_out_backward_workspace(p, sizes);
   expect_buffer(entry, base, bytes, sizes.bytes(), "backward_workspace_bytes", base_arg, bytes_arg);
-  Pieces pieces(base);
+  Pieces pieces(base, entry);
   return lay_out_backward_workspace(p, pieces);
 }
 
@@ -48,7 +48,7 @@ namespace moekit {
 
 size_t backward_workspace_bytes(const BackwardPlan& plan) {
   detail::expect_backward_plan(plan, "backward_workspace_bytes");
-  detail::Pieces sizes;
+  detail::Pieces sizes(nullptr, "backward_workspace_bytes");
   detail::lay_out_backward_workspace(plan, sizes);
   return size_t(sizes.bytes());
 }

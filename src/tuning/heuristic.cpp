@@ -33,6 +33,28 @@ constexpr int64_t kSelectCtaMinExperts = 129;
 // slower than the looped kernel; T=4096, 128 CTAs, 1.4x faster; the threshold was not re-measured
 // for the final 4 x 4 version).
 constexpr int64_t kGatePipeMinCtas = 64;
+
+// Whether gate kernel k quantizes an FP8 layer's x as it reads it (router/params.hpp): the
+// cluster tilings (decode), with slices of whole 128-column groups and the slice's x tile beside
+// the staging in shared memory. Prefill's tilings leave x to quantize_tokens' pass: the looped
+// one did it too, and its 64-row x tile cost the layer 20-36 µs against the pass's 4-14 µs (fewer
+// CTAs per SM for a latency-bound kernel; docs/perf/NOTES.md, "FP8"); the pipelined one streams
+// a slice's steps role by role, a group's four steps far apart.
+bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin) {
+  namespace kr = kernels::router;
+  if (!kr::gate_slices_hold_groups(hidden) || hidden >= (int64_t(1) << 30)) return false;
+  // Dynamic shared memory, plus the kernels' static tile of partial sums (kRows x kCols floats).
+  auto fits = [&](int64_t dynamic, int rows, int cols) { return dynamic + int64_t(rows) * cols * 4 <= smem_per_block_optin; };
+  switch (k) {
+    case GateKernel::cluster_16x8: return fits(kr::gate_quantizing_smem_bytes<1, 1>(hidden), 16, 8);
+    case GateKernel::cluster_32x8: return fits(kr::gate_quantizing_smem_bytes<2, 1>(hidden), 32, 8);
+    case GateKernel::cluster_32x32: return fits(kr::gate_quantizing_smem_bytes<2, 4>(hidden), 32, 32);
+    case GateKernel::looped_64x8:
+    case GateKernel::looped_64x32:
+    case GateKernel::pipelined_128x64: return false;
+  }
+  return false;
+}
 }  // namespace
 
 // Decode: up to 16 tokens, 16 x 8 tiles in clusters, w_gate spread over the most SMs. Up to 256
@@ -40,7 +62,7 @@ constexpr int64_t kGatePipeMinCtas = 64;
 // tile walking the slices (no cluster launched per few hundred MMAs); from kGatePipeMinCtas of its
 // 128 x 64 tiles (E > 8), the pipelined kernel, when its step table fits shared memory.
 RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool logits_in_memory,
-                       int64_t smem_per_block_optin) {
+                       int64_t smem_per_block_optin, Precision precision) {
   namespace kr = kernels::router;
   RouterPlan r;
   const int64_t pipe_ctas =
@@ -54,6 +76,7 @@ RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool log
   const bool cta = logits_in_memory && experts >= kSelectCtaMinExperts && experts <= kr::kCtaMaxExperts &&
                    tokens <= kSelectCtaMaxTokens;
   r.select = cta ? SelectKernel::cta : SelectKernel::warp;
+  r.quantize_x = precision == Precision::fp8 && gate_quantizes_x(r.gate, hidden, smem_per_block_optin);
   return r;
 }
 

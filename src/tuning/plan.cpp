@@ -5,6 +5,7 @@
 // (heuristic.cpp). Pure host code, unit-tested on the CPU.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "common/validate.hpp"
@@ -15,11 +16,18 @@
 namespace moekit {
 
 int64_t worst_case_rows(const MoeShape& s, int block_m) {
-  const int64_t rows = s.tokens * s.topk + s.experts * (block_m - 1);
-  return (rows + block_m - 1) / block_m * block_m;
+  // Checked: it is public, and plans edited after plan_forward reach it (workspace sizing).
+  int64_t tk = 0, pad = 0, rows = 0, up = 0;
+  if (block_m < 1 || __builtin_mul_overflow(s.tokens, s.topk, &tk) ||
+      __builtin_mul_overflow(s.experts, int64_t(block_m) - 1, &pad) || __builtin_add_overflow(tk, pad, &rows) ||
+      __builtin_add_overflow(rows, int64_t(block_m) - 1, &up))
+    return std::numeric_limits<int64_t>::max();
+  return up / block_m * block_m;
 }
 
-std::string RouterPlan::str() const { return "gate=" + tuning::to_string(gate) + " select=" + tuning::to_string(select); }
+std::string RouterPlan::str() const {
+  return "gate=" + tuning::to_string(gate) + (quantize_x ? "+x_q" : "") + " select=" + tuning::to_string(select);
+}
 
 std::string ForwardPlan::str() const {
   return "T=" + std::to_string(shape.tokens) + " H=" + std::to_string(shape.hidden) +
@@ -59,7 +67,8 @@ ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const
   plan.up = up;
   plan.down = down;
   plan.down_splits = down_splits;
-  plan.router = plan_router(shape.tokens, shape.experts, shape.hidden, /*logits_in_memory=*/true, smem_per_block_optin);
+  plan.router = plan_router(shape.tokens, shape.experts, shape.hidden, /*logits_in_memory=*/true, smem_per_block_optin,
+                            up.precision);
   plan.align = plan_align(shape.tokens * shape.topk);
   return plan;
 }

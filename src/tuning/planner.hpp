@@ -29,8 +29,9 @@ inline constexpr int kLargestBlockM = 128;
 // layer computes the logits of a bf16 w_gate), and the selection kernel. `logits_in_memory`:
 // whether the selection reads materialised logits (given, or computed into a scratch first);
 // without them only the warp kernel, which computes its token's logits itself, can run.
+// FP8 (`precision`): whether the gate kernel also quantizes x (RouterPlan::quantize_x).
 RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool logits_in_memory,
-                       int64_t smem_per_block_optin);
+                       int64_t smem_per_block_optin, Precision precision = Precision::bf16);
 // Stage 2: the align kernel for this many assignments (T·k).
 AlignKernel plan_align(int64_t assignments);
 // Splits of the down GEMM's K for a decode config (1: none).

@@ -12,10 +12,12 @@ namespace moekit::detail {
 Tensor Pieces::add(DType dtype, std::initializer_list<int64_t> shape, bool present) {
   if (!present) return Tensor();
   Tensor t;
-  t.data = base_ + at_;
+  t.data = base_ != nullptr ? base_ + at_ : nullptr;  // sizing only: no pointer arithmetic on null
   t.dtype = dtype;
   for (int64_t d : shape) t.shape[t.rank++] = d;
-  at_ += (t.bytes() + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  const int64_t bytes = checked_bytes(entry_, "plan", t);
+  const int64_t padded = checked_add(entry_, "plan", "a workspace piece's bytes", bytes, kWorkspaceAlign - 1);
+  at_ = checked_add(entry_, "plan", "the workspace's bytes", at_, padded / kWorkspaceAlign * kWorkspaceAlign);
   return t;
 }
 
@@ -43,8 +45,15 @@ Workspace lay_out_workspace(const ForwardPlan& p, Pieces& pieces) {
   return ws;
 }
 
+// The bytes of `plan`'s workspace, a size failing as `entry`'s.
+static int64_t workspace_size(const ForwardPlan& plan, const char* entry) {
+  Pieces sizes(nullptr, entry);
+  lay_out_workspace(plan, sizes);
+  return sizes.bytes();
+}
+
 Workspace carve_unchecked(const ForwardPlan& plan, void* base) {
-  Pieces pieces(base);
+  Pieces pieces(base, "carve_workspace");
   return lay_out_workspace(plan, pieces);
 }
 
@@ -60,7 +69,10 @@ void expect_buffer(const char* entry, void* base, size_t bytes, int64_t need, co
 
 Workspace carve_named(const ForwardPlan& p, void* base, size_t bytes, const char* entry, const char* base_arg,
                       const char* bytes_arg) {
-  expect_buffer(entry, base, bytes, int64_t(workspace_bytes(p)), "workspace_bytes", base_arg, bytes_arg);
+  // A plan edited after plan_forward could size the buffer wrongly: it is checked as the stages
+  // check it, before its sizes are formed.
+  expect_plan_sizes(p, entry);
+  expect_buffer(entry, base, bytes, workspace_size(p, entry), "workspace_bytes", base_arg, bytes_arg);
   return carve_unchecked(p, base);
 }
 
@@ -69,6 +81,7 @@ Workspace carve_named(const ForwardPlan& p, void* base, size_t bytes, const char
 namespace moekit {
 
 size_t workspace_bytes(const ForwardPlan& plan) {
+  detail::expect_plan_sizes(plan, "workspace_bytes");
   detail::Pieces sizes;
   detail::lay_out_workspace(plan, sizes);
   return size_t(sizes.bytes());

@@ -17,15 +17,18 @@ inline constexpr int64_t kWorkspaceAlign = 256;  // every piece starts on a 256-
 
 class Pieces {
  public:
-  // Pieces of the buffer at `base` (null: only sizes are wanted, the views are not used).
-  explicit Pieces(void* base = nullptr) : base_(static_cast<char*>(base)) {}
+  // Pieces of the buffer at `base` (null: only sizes are wanted, the views are not used). A size
+  // that does not fit 64 bits fails as `entry`'s argument 'plan' (validated plans never do).
+  explicit Pieces(void* base = nullptr, const char* entry = "workspace_bytes")
+      : base_(static_cast<char*>(base)), entry_(entry) {}
   // The next piece: `shape` elements of `dtype`, 256-byte aligned; an absent piece takes no bytes
-  // and views as Tensor{}.
+  // and views as Tensor{}. Its bytes and the running total are checked for overflow.
   Tensor add(DType dtype, std::initializer_list<int64_t> shape, bool present = true);
   int64_t bytes() const { return at_; }
 
  private:
   char* base_;
+  const char* entry_;
   int64_t at_ = 0;
 };
 

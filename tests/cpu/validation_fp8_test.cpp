@@ -131,6 +131,34 @@ TEST(Fp8Validation, UpTilesCoverWholeActGroups) {
   EXPECT_TRUE(tuning::up_config_ok(cfg(96, GemmKernel::mma_sync, Precision::bf16)));
 }
 
+// The router quantizes an FP8 layer's x where its gate kernel does (the decode cluster tilings,
+// slices of whole 128-column groups, the x tile in shared memory); elsewhere quantize_tokens' pass
+// runs. bf16 plans never ask.
+TEST(Fp8Validation, RouterQuantizesXWhereTheGateCan) {
+  auto router = [](int64_t T, int64_t H, int64_t F, int64_t E, int64_t k, Precision p) {
+    return plan_forward(MoeShape{T, H, F, E, k}, kH200, p).router;
+  };
+  for (int64_t T : {1, 16, 17, 256}) {
+    EXPECT_TRUE(router(T, 7168, 2048, 256, 8, Precision::fp8).quantize_x) << T;  // DeepSeek-V3 decode: clusters
+    EXPECT_TRUE(router(T, 2048, 768, 128, 8, Precision::fp8).quantize_x) << T;   // Qwen3
+    EXPECT_FALSE(router(T, 7168, 2048, 256, 8, Precision::bf16).quantize_x) << T;
+  }
+  const RouterPlan looped = router(16384, 4096, 14336, 8, 2, Precision::fp8);  // Mixtral prefill
+  EXPECT_EQ(looped.gate, GateKernel::looped_64x8);
+  EXPECT_FALSE(looped.quantize_x);  // prefill's tilings: the pass
+  const RouterPlan pipe = router(16384, 7168, 2048, 256, 8, Precision::fp8);
+  EXPECT_EQ(pipe.gate, GateKernel::pipelined_128x64);
+  EXPECT_FALSE(pipe.quantize_x);
+  EXPECT_FALSE(router(1, 336, 256, 8, 2, Precision::fp8).quantize_x);  // 64-column slices cut groups
+  // The 32 x 32 cluster tiling at H = 7168 needs ~126 KB: on a device with less, the pass.
+  const RouterPlan cl = tuning::plan_router(200, 256, 7168, true, kH200.smem_per_block_optin, Precision::fp8);
+  EXPECT_EQ(cl.gate, GateKernel::cluster_32x32);
+  EXPECT_TRUE(cl.quantize_x);
+  EXPECT_FALSE(tuning::plan_router(200, 256, 7168, true, 100 * 1024, Precision::fp8).quantize_x);
+  EXPECT_EQ(pipe.str().find("+x_q"), std::string::npos);
+  EXPECT_NE(cl.str().find("+x_q"), std::string::npos);
+}
+
 TEST(Fp8Validation, Planning) {
   EXPECT_TRUE(throws_naming([] { plan_forward(MoeShape{kT, 200, kF, kE, kK}, kH200, Precision::fp8); }, "shape.hidden"));
   EXPECT_TRUE(throws_naming([] { plan_forward(MoeShape{kT, kH, 200, kE, kK}, kH200, Precision::fp8); }, "shape.inter"));

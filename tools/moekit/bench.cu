@@ -164,6 +164,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     if (read_ms.count(stage)) r.read_time_ms = read_ms[stage];
     r.tokens_per_expert_max_over_mean = tpe;
     r.touched_experts = routed.touched_experts;
+    r.tokens_per_expert = counts;
     r.config = plan.str();
     r.note = note;
     r.weight_copies = copies;
@@ -202,7 +203,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
 
 int run_bench(const BenchArgs& args, const std::string& command) {
   const LayerSpec spec = resolve_layer(args.layer);  // option errors first, GPU or not
-  if (!require_hopper("bench", "", "On this machine, `moekit check` runs the CPU oracle instead.")) return kExitNoGpu;
+  if (!require_hopper("bench", "", "On this machine, `moekit check --cpu` runs the CPU oracle.")) return kExitNoGpu;
   if (args.tokens.empty()) throw Error("--tokens: give at least one token count");
   const DeviceInfo dev = query_device();
   Stream stream;
@@ -246,6 +247,10 @@ int run_bench(const BenchArgs& args, const std::string& command) {
   if (!args.json.empty()) {
     write_json(args.json, info, rows);
     std::printf("\nwrote %zu rows to %s\n", rows.size(), args.json.c_str());
+  }
+  if (!args.csv.empty()) {
+    write_csv(args.csv, info, rows);
+    std::printf("wrote %zu rows to %s\n", rows.size(), args.csv.c_str());
   }
   return ok ? kExitOk : kExitFailed;
 }

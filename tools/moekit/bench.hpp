@@ -10,16 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "exit_codes.hpp"
 #include "layer.hpp"
 #include "moekit/moe.hpp"
+#include "moekit/version.hpp"
 #include "presets.hpp"
 
 namespace moekit::cli {
 
-inline constexpr const char* kVersion = "0.1.0";
+inline constexpr const char* kVersion = MOEKIT_VERSION_STRING;  // CMakeLists.txt project(VERSION)
 
-// Exit codes: 0 success; 1 a check failed or an error; 2 no suitable GPU for the command.
-inline constexpr int kExitOk = 0, kExitFailed = 1, kExitNoGpu = 2;
 
 // y is compared with the double-precision oracle by relative norm error per token. bf16 operands
 // and the bf16 rounding of act (between the GEMMs) and of y_rows (before combine) each add a
@@ -34,6 +34,7 @@ struct BenchArgs {
   int warmup = 10;
   bool skew = false;
   std::string json;
+  std::string csv;               // --csv: the --json rows as CSV (main.cpp, write_csv)
   uint64_t seed = 20240901;
   bool no_baselines = false;
   int check_tokens = 16;

@@ -163,6 +163,7 @@ bool bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     r.cost = stage_cost(stage, shape, routed, p);
     if (read_ms.count(stage) && p == Precision::fp8) r.read_time_ms = read_ms[stage];
     r.tokens_per_expert_max_over_mean = tpe, r.touched_experts = routed.touched_experts;
+    r.tokens_per_expert = chk.expert_counts;
     r.config = plan.str(), r.note = note, r.weight_copies = copies, r.skew = args.skew;
     r.dtype = precision_name(p);
     if (p == Precision::fp8) r.calc_diff = chk.calc_diff, r.fidelity_err = chk.fidelity;
@@ -198,7 +199,7 @@ bool bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
 
 int run_bench_fp8(const BenchArgs& args, const std::string& command) {
   const LayerSpec spec = resolve_layer(args.layer);
-  if (!require_hopper("bench", "", "On this machine, `moekit check` runs the CPU oracle instead.")) return kExitNoGpu;
+  if (!require_hopper("bench", "", "On this machine, `moekit check --cpu` runs the CPU oracle.")) return kExitNoGpu;
   if (args.tokens.empty()) throw Error("--tokens: give at least one token count");
   if (args.skew || args.ep) throw Error("--dtype fp8: --skew and --ep run the bf16 layer only");
   const DeviceInfo dev = query_device();
@@ -242,6 +243,10 @@ int run_bench_fp8(const BenchArgs& args, const std::string& command) {
   if (!args.json.empty()) {
     write_json(args.json, info, rows);
     std::printf("\nwrote %zu rows to %s\n", rows.size(), args.json.c_str());
+  }
+  if (!args.csv.empty()) {
+    write_csv(args.csv, info, rows);
+    std::printf("wrote %zu rows to %s\n", rows.size(), args.csv.c_str());
   }
   return ok ? kExitOk : kExitFailed;
 }

@@ -1,7 +1,8 @@
 // check.cpp — `moekit check`, and the oracle check `moekit bench` runs before it times anything:
 // a GPU forward pass compared with the CPU reference (src/reference) on sampled tokens. Only the
 // sampled tokens' rows and the experts they touch are copied to the host (DeepSeek-V3's w13 alone
-// is 15 GB). Without a Hopper GPU, `check` runs the oracle's self-check (cpu_oracle.hpp).
+// is 15 GB). `check --cpu` runs the oracle's self-check (cpu_oracle.hpp); without a Hopper GPU and
+// without --cpu, `check` fails (kExitNoGpu).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -218,13 +219,13 @@ ForwardCheck checked_forward(const GpuLayer& layer, const ForwardPlan& plan, con
 int run_check(const CheckArgs& a) {
   const LayerSpec spec = resolve_layer(a.layer);
   const int64_t cpu_tokens = a.tokens_given ? a.tokens : kCpuOracleTokens;
-  if (a.cpu) return run_cpu_oracle(spec, cpu_tokens, a.seed);
+  if (a.cpu) return run_cpu_oracle(a.layer, spec, cpu_tokens, a.seed);
   const GpuProbe gpu = probe_gpu();
   if (gpu.kind != GpuKind::hopper) {
-    std::printf("moekit check: no Hopper GPU here (%s); the GPU check needs sm_90a (H100/H200).\n"
-                "Running the CPU oracle instead.\n",
-                gpu.detail.c_str());
-    return run_cpu_oracle(spec, cpu_tokens, a.seed);
+    // One line, and a failure: a CI job that asked for the GPU check must not pass on the oracle.
+    std::fprintf(stderr, "moekit check: no Hopper GPU (sm_90a) here (%s); `moekit check --cpu` runs the CPU oracle\n",
+                 gpu.detail.c_str());
+    return kExitNoGpu;
   }
   std::printf("moekit check on %s: %s, T=%lld\n", gpu.detail.c_str(), spec.str().c_str(), (long long)a.tokens);
   Stream stream;

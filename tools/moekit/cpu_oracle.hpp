@@ -1,8 +1,8 @@
-// cpu_oracle.hpp — `moekit check --cpu` (and `check` without a Hopper GPU): the CPU oracle on a
+// cpu_oracle.hpp — `moekit check --cpu`: the CPU oracle on a
 // small random layer shaped like a preset. It runs router_logits -> route -> align (for every
 // compiled block_m) -> the staged pipeline the GPU follows (bf16 act and y_rows, combine), checks
 // the invariants of each stage, and compares the staged result with the naive loop (moe_tokens).
-// Included by check.cpp only.
+// Included by check.cpp, and by main.cpp for cpu_oracle_spec (the layer it checks first).
 #pragma once
 
 #include <algorithm>
@@ -27,6 +27,8 @@ inline constexpr int64_t kCpuOracleTokens = 37;
 inline constexpr int64_t kCpuOracleHidden = 256, kCpuOracleInter = 128;
 // Up to 64 experts: every preset's grouping (DeepSeek-V3: 8 groups) still divides evenly.
 inline constexpr int64_t kCpuOracleMaxExperts = 64;
+// H or F given on the command line are honoured up to this (the double-precision loops' cost).
+inline constexpr int64_t kCpuOracleMaxDim = 1024;
 
 namespace oracle {
 
@@ -133,20 +135,33 @@ inline std::vector<bf16> staged_y(const MoeShape& s, const ref::Aligned& al, int
 
 }  // namespace oracle
 
-inline int run_cpu_oracle(const LayerSpec& preset, int64_t T, uint64_t seed) {
+// The layer `check --cpu` runs: the preset scaled down (H, F to kCpuOracleHidden / Inter, E to at
+// most kCpuOracleMaxExperts, k to at most E; grouped top-k off if the scaled E does not take it),
+// except the values given on the command line (`a`), which are kept as given: main.cpp refuses
+// those the oracle cannot take (cli_checks.hpp) before this runs.
+inline LayerSpec cpu_oracle_spec(const LayerArgs& a, const LayerSpec& preset, int64_t T, bool verbose) {
   LayerSpec spec = preset;
   MoeShape& s = spec.shape;
   s.tokens = T;
-  s.hidden = kCpuOracleHidden;
-  s.inter = kCpuOracleInter;
-  s.experts = std::min(s.experts, kCpuOracleMaxExperts);
-  s.topk = std::min(s.topk, s.experts);
+  s.hidden = a.hidden >= 0 ? a.hidden : kCpuOracleHidden;
+  s.inter = a.inter >= 0 ? a.inter : kCpuOracleInter;
+  if (a.experts < 0) s.experts = std::min(s.experts, kCpuOracleMaxExperts);
+  if (a.topk < 0) s.topk = std::min(s.topk, s.experts);
   RouterOptions& opt = spec.router;
-  if (opt.n_group > 0 && (s.experts % opt.n_group != 0 || opt.topk_group * (s.experts / opt.n_group) < s.topk)) {
-    std::printf("note: %lld experts do not fit n_group=%lld topk_group=%lld: grouped top-k off\n", (long long)s.experts,
-                (long long)opt.n_group, (long long)opt.topk_group);
+  if (a.experts < 0 && a.n_group < 0 && opt.n_group > 0 &&
+      (s.experts % opt.n_group != 0 || opt.topk_group * (s.experts / opt.n_group) < s.topk)) {
+    if (verbose)
+      std::printf("note: %lld experts do not fit n_group=%lld topk_group=%lld: grouped top-k off\n",
+                  (long long)s.experts, (long long)opt.n_group, (long long)opt.topk_group);
     opt.n_group = opt.topk_group = 0;
   }
+  return spec;
+}
+
+inline int run_cpu_oracle(const LayerArgs& args, const LayerSpec& preset, int64_t T, uint64_t seed) {
+  LayerSpec spec = cpu_oracle_spec(args, preset, T, true);
+  const MoeShape& s = spec.shape;
+  const RouterOptions& opt = spec.router;
   std::printf("moekit check: CPU oracle on a scaled-down %s, T=%lld\n", spec.str().c_str(), (long long)T);
   const int64_t H = s.hidden, F = s.inter, E = s.experts, k = s.topk;
   const std::vector<ref::bf16> x = oracle::random_bf16(T * H, kXStd, seed, kStreamX);

@@ -12,18 +12,69 @@
 #include <cstdio>
 #include <exception>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "bench.hpp"
+#include "cli_checks.hpp"
+#include "exit_codes.hpp"
 #include "report.hpp"
 #include "tune.hpp"
 
 namespace moekit::cli {
 
+using json = nlohmann::ordered_json;
+
+// One row of `moekit bench` as the --json file and the --csv file both hold it: the row's fields,
+// then the run's (ceilings, gpu, date) it is measured against.
+json row_json(const Row& r, const RunInfo& info) {
+  const std::optional<double> x_read = r.x_read_time();
+  // x_roof: the time over the stage's roofline, max(read time of its weight bytes, FLOPs at the
+  // dense ceiling), both measured in this run (docs/design.md, "What the benchmarks report").
+  // fp8 rows: the FP8 ceiling.
+  const double ceiling = r.dtype == "fp8" && info.fp8_ceiling_TFLOPs > 0 ? info.fp8_ceiling_TFLOPs : info.dense_ceiling_TFLOPs;
+  const double roof_ms = std::max(r.read_time_ms.value_or(0.0), r.cost.flops / (ceiling * 1e9));
+  auto opt = [](std::optional<double> v) { return v ? json(*v) : json(nullptr); };
+  return {{"preset", r.preset},
+          {"dtype", r.dtype},
+          {"tokens", r.shape.tokens},
+          {"stage", r.stage},
+          {"impl", r.impl},
+          {"ms", r.ms},
+          {"bytes", r.cost.bytes()},
+          {"weight_bytes", r.cost.weight_bytes},
+          {"act_bytes", r.cost.act_bytes},
+          {"flops", r.cost.flops},
+          {"TBps", r.TBps()},
+          {"TFLOPs", r.TFLOPs()},
+          {"read_ceiling_TBps", info.read_ceiling_TBps},
+          {"dense_ceiling_TFLOPs", info.dense_ceiling_TFLOPs},
+          {"frac_read", r.TBps() / info.read_ceiling_TBps},
+          {"frac_dense", r.TFLOPs() / info.dense_ceiling_TFLOPs},
+          {"frac_fp8_ceiling", info.fp8_ceiling_TFLOPs > 0 ? json(r.TFLOPs() / info.fp8_ceiling_TFLOPs) : json(nullptr)},
+          {"calc_diff", opt(r.calc_diff)},
+          {"fidelity_err", opt(r.fidelity_err)},
+          {"read_time_ms", opt(r.read_time_ms)},
+          {"x_read_time", opt(x_read)},
+          {"x_roof", roof_ms > 0 ? json(r.ms / roof_ms) : json(nullptr)},
+          {"tokens_per_expert_max_over_mean", r.tokens_per_expert_max_over_mean},
+          {"touched_experts", r.touched_experts},
+          {"tokens_per_expert", r.tokens_per_expert},
+          {"hidden", r.shape.hidden},
+          {"inter", r.shape.inter},
+          {"experts", r.shape.experts},
+          {"topk", r.shape.topk},
+          {"skew", r.skew},
+          {"weight_copies", r.weight_copies},
+          {"gpu", info.gpu},
+          {"date", info.date},
+          {"config", r.config},
+          {"note", r.note}};
+}
+
 // The --json file of `moekit bench`: run-wide fields, then one object per row. Lives here
 // because this translation unit is plain C++ (nlohmann/json stays out of nvcc's way).
 void write_json(const std::string& path, const RunInfo& info, const std::vector<Row>& rows) {
-  using json = nlohmann::ordered_json;
   json doc = {{"command", info.command},
               {"date", info.date},
               {"gpu", info.gpu},
@@ -40,50 +91,7 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
     doc["fp8_ceiling_gemm"] = info.fp8_ceiling_note;
   }
   json out = json::array();
-  for (const Row& r : rows) {
-    const std::optional<double> x_read = r.x_read_time();
-    // x_roof: the time over the stage's roofline, max(read time of its weight bytes, FLOPs at the
-    // dense ceiling), both measured in this run (docs/design.md, "What the benchmarks report").
-    // fp8 rows: the FP8 ceiling.
-    const double ceiling = r.dtype == "fp8" && info.fp8_ceiling_TFLOPs > 0 ? info.fp8_ceiling_TFLOPs : info.dense_ceiling_TFLOPs;
-    const double roof_ms = std::max(r.read_time_ms.value_or(0.0), r.cost.flops / (ceiling * 1e9));
-    auto opt = [](std::optional<double> v) { return v ? json(*v) : json(nullptr); };
-    json j = {{"preset", r.preset},
-              {"dtype", r.dtype},
-              {"tokens", r.shape.tokens},
-              {"stage", r.stage},
-              {"impl", r.impl},
-              {"ms", r.ms},
-              {"bytes", r.cost.bytes()},
-              {"weight_bytes", r.cost.weight_bytes},
-              {"act_bytes", r.cost.act_bytes},
-              {"flops", r.cost.flops},
-              {"TBps", r.TBps()},
-              {"TFLOPs", r.TFLOPs()},
-              {"read_ceiling_TBps", info.read_ceiling_TBps},
-              {"dense_ceiling_TFLOPs", info.dense_ceiling_TFLOPs},
-              {"frac_read", r.TBps() / info.read_ceiling_TBps},
-              {"frac_dense", r.TFLOPs() / info.dense_ceiling_TFLOPs},
-              {"frac_fp8_ceiling", info.fp8_ceiling_TFLOPs > 0 ? json(r.TFLOPs() / info.fp8_ceiling_TFLOPs) : json(nullptr)},
-              {"calc_diff", opt(r.calc_diff)},
-              {"fidelity_err", opt(r.fidelity_err)},
-              {"read_time_ms", opt(r.read_time_ms)},
-              {"x_read_time", opt(x_read)},
-              {"x_roof", roof_ms > 0 ? json(r.ms / roof_ms) : json(nullptr)},
-              {"tokens_per_expert_max_over_mean", r.tokens_per_expert_max_over_mean},
-              {"touched_experts", r.touched_experts},
-              {"hidden", r.shape.hidden},
-              {"inter", r.shape.inter},
-              {"experts", r.shape.experts},
-              {"topk", r.shape.topk},
-              {"skew", r.skew},
-              {"weight_copies", r.weight_copies},
-              {"gpu", info.gpu},
-              {"date", info.date},
-              {"config", r.config},
-              {"note", r.note}};
-    out.push_back(std::move(j));
-  }
+  for (const Row& r : rows) out.push_back(row_json(r, info));
   doc["rows"] = std::move(out);
   std::ofstream f(path);
   if (!f) throw Error("--json: cannot open '" + path + "' for writing");
@@ -91,11 +99,44 @@ void write_json(const std::string& path, const RunInfo& info, const std::vector<
   if (!f) throw Error("--json: writing '" + path + "' failed");
 }
 
+// One CSV field (RFC 4180): a JSON scalar as text (null empty), tokens_per_expert as its counts
+// joined by ';', quoted when it holds a comma, quote or newline.
+static std::string csv_field(const json& v) {
+  std::string s;
+  if (v.is_null()) return s;
+  if (v.is_string()) s = v.get<std::string>();
+  else if (v.is_array())
+    for (const json& e : v) s += (s.empty() ? "" : ";") + e.dump();
+  else s = v.dump();
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+// The --csv file of `moekit bench`: a header of the --json rows' keys, then one line per row.
+void write_csv(const std::string& path, const RunInfo& info, const std::vector<Row>& rows) {
+  std::ofstream f(path);
+  if (!f) throw Error("--csv: cannot open '" + path + "' for writing");
+  const json header = row_json(Row{}, info);
+  std::string line;
+  for (const auto& [key, v] : header.items()) line += (line.empty() ? "" : ",") + key;
+  f << line << "\n";
+  for (const Row& r : rows) {
+    line.clear();
+    bool first = true;
+    for (const auto& [key, v] : row_json(r, info).items()) line += (first ? "" : ",") + csv_field(v), first = false;
+    f << line << "\n";
+  }
+  if (!f) throw Error("--csv: writing '" + path + "' failed");
+}
+
 }  // namespace moekit::cli
 
 namespace {
 
 using moekit::cli::LayerArgs;
+using moekit::cli::whole_number;
 
 std::string preset_list() {
   std::string s;
@@ -106,12 +147,15 @@ std::string preset_list() {
 void add_layer_options(CLI::App* cmd, LayerArgs& a, bool full) {
   cmd->add_option("--preset", a.preset, "model layer: " + preset_list())->capture_default_str();
   if (!full) return;
-  cmd->add_option("--hidden", a.hidden, "H: hidden size (overrides the preset)");
-  cmd->add_option("--inter", a.inter, "F: expert intermediate size");
-  cmd->add_option("--experts", a.experts, "E: number of experts");
-  cmd->add_option("--topk", a.topk, "k: experts per token");
-  cmd->add_option("--n-group", a.n_group, "expert groups for grouped top-k (0 = off)");
-  cmd->add_option("--topk-group", a.topk_group, "groups kept per token when --n-group > 0");
+  // Ranges here are what a number can be at all; the layer's rules (multiples, k <= E, groups)
+  // are checked on the whole layer (check_layer) before any device is asked for.
+  cmd->add_option("--hidden", a.hidden, "H: hidden size (overrides the preset)")->check(whole_number(1, moekit::kMaxHidden));
+  cmd->add_option("--inter", a.inter, "F: expert intermediate size")->check(whole_number(1, moekit::kMaxInter));
+  cmd->add_option("--experts", a.experts, "E: number of experts")->check(whole_number(1, moekit::kMaxExperts));
+  cmd->add_option("--topk", a.topk, "k: experts per token")->check(whole_number(1, moekit::kMaxTopk));
+  cmd->add_option("--n-group", a.n_group, "expert groups for grouped top-k (0 = off)")->check(whole_number(0, 32));
+  cmd->add_option("--topk-group", a.topk_group, "groups kept per token when --n-group > 0")
+      ->check(whole_number(0, 32));
   cmd->add_option("--scoring", a.scoring, "softmax|sigmoid")->check(CLI::IsMember({"softmax", "sigmoid"}));
   auto* renorm = cmd->add_flag("--renormalize", a.renormalize, "divide the k weights by their sum");
   cmd->add_flag("--no-renormalize", a.no_renormalize, "keep the raw scores as weights")->excludes(renorm);
@@ -134,16 +178,17 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--tokens", bench.tokens, "token counts T, comma-separated")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, moekit::cli::kMaxTokensFlag));
   bench_cmd->add_option("--steps", bench.steps, "timed iterations (median reported)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, moekit::cli::kMaxStepsFlag));
   bench_cmd->add_option("--warmup", bench.warmup, "untimed iterations first")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, moekit::cli::kMaxStepsFlag));
   bench_cmd->add_flag("--skew", bench.skew,
                       "skewed expert loads (0.5-1.5x the mean, one expert at 4x) from a calibrated router bias");
   bench_cmd->add_option("--json", bench.json, "write the rows to this JSON file");
+  bench_cmd->add_option("--csv", bench.csv, "write the rows to this CSV file (the --json rows' fields, one line each)");
   bench_cmd->add_option("--seed", bench.seed, "seed of every random input")->capture_default_str();
   bench_cmd->add_flag("--no-baselines", bench.no_baselines, "skip the cuBLAS baselines");
   bench_cmd->add_option("--dtype", bench.dtype, "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales)")
@@ -151,10 +196,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_cmd->add_option("--check-tokens", bench.check_tokens, "tokens the oracle checks before timing")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1 << 20));
   bench_cmd->add_option("--ep", bench.ep,
                         "expert parallelism over R GPUs of this host (R processes over NCCL); --tokens are per rank")
-      ->check(CLI::Range(1, 8));
+      ->check(whole_number(1, 8));
   bench_cmd->add_option("--ep-mode", bench.ep_mode, "EP exchange: prefill (counts first), decode (fixed messages, CUDA "
                                                     "graph) or auto (decode for T <= 128 per rank)")
       ->capture_default_str()
@@ -162,19 +207,19 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--ep-capacity", bench.ep_capacity,
                         "decode rows per (source, destination) message; 0: T*min(k, S), never overflows")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, moekit::cli::kMaxTokensFlag));
 
   moekit::cli::CheckArgs check;
   CLI::App* check_cmd = app.add_subcommand(
-      "check", "compare the GPU forward pass with the CPU oracle (or, with --cpu / no GPU, self-check the oracle)");
+      "check", "compare the GPU forward pass with the CPU oracle (needs a Hopper GPU), or with --cpu self-check the oracle");
   add_layer_options(check_cmd, check.layer, true);
   CLI::Option* tokens_opt =
-      check_cmd->add_option("--tokens", check.tokens, "T (GPU: default 16; --cpu: default 37)")->check(CLI::PositiveNumber);
+      check_cmd->add_option("--tokens", check.tokens, "T (GPU: default 16; --cpu: default 37)")->check(whole_number(1, moekit::cli::kMaxTokensFlag));
   check_cmd->add_flag("--cpu", check.cpu, "run the CPU oracle on a scaled-down layer, even with a GPU");
   check_cmd->add_option("--seed", check.seed, "seed of every random input")->capture_default_str();
   check_cmd->add_option("--check-tokens", check.check_tokens, "tokens the oracle checks (GPU)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1 << 20));
 
   moekit::cli::TuneArgs tune;
   CLI::App* tune_cmd = app.add_subcommand(
@@ -184,13 +229,13 @@ int main(int argc, char** argv) {
   tune_cmd->add_option("--tokens", tune.tokens, "token counts T, comma-separated (each one bucket of the table)")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, moekit::cli::kMaxTokensFlag));
   tune_cmd->add_option("--steps", tune.steps, "timed iterations per candidate (median kept)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, moekit::cli::kMaxStepsFlag));
   tune_cmd->add_option("--warmup", tune.warmup, "untimed iterations first")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(whole_number(0, moekit::cli::kMaxStepsFlag));
   tune_cmd->add_option("--out", tune.out, "table file (default: configs/<device>.json, e.g. configs/nvidia-h200.json)");
   tune_cmd->add_flag("--merge", tune.merge,
                      "keep this shape's entries at token counts not measured now (default: replace the shape's entries; "
@@ -199,25 +244,48 @@ int main(int argc, char** argv) {
   tune_cmd->add_option("--seed", tune.seed, "seed of every random input")->capture_default_str();
   tune_cmd->add_option("--check-tokens", tune.check_tokens, "tokens the oracle checks per candidate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(whole_number(1, 1 << 20));
   tune_cmd->add_option("--dtype", tune.dtype,
                        "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales); each precision "
                        "has buckets of its own in the table")
       ->check(CLI::IsMember({"bf16", "fp8"}))
       ->capture_default_str();
 
-  CLI11_PARSE(app, argc, argv);
+  for (CLI::App* cmd : {&app, bench_cmd, check_cmd, tune_cmd}) cmd->footer(moekit::cli::kExitCodesHelp);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; every parse error (an unknown flag, a bad number) is a usage error.
+    return app.exit(e) == 0 ? moekit::cli::kExitOk : moekit::cli::kExitUsage;
+  }
   check.tokens_given = tokens_opt->count() > 0;
 
   std::string command;
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
 
   try {
+    // The layer the flags describe, checked before any command asks for a device.
+    using moekit::cli::check_layer;
+    if (bench_cmd->parsed()) check_layer(moekit::cli::resolve_layer(bench.layer), bench.dtype, bench.tokens);
+    if (tune_cmd->parsed()) check_layer(moekit::cli::resolve_layer(tune.layer), tune.dtype, tune.tokens);
+    if (check_cmd->parsed() && check.cpu) {
+      const moekit::cli::LayerSpec preset = moekit::cli::resolve_layer(check.layer);
+      moekit::cli::check_cpu_layer(check.layer, preset);
+      const int64_t T = check.tokens_given ? check.tokens : moekit::cli::kCpuOracleTokens;
+      check_layer(moekit::cli::cpu_oracle_spec(check.layer, preset, T, false), "bf16", {T});
+    } else if (check_cmd->parsed()) {
+      check_layer(moekit::cli::resolve_layer(check.layer), "bf16", {check.tokens});
+    }
+    if (bench_cmd->parsed() && bench.ep > 0 && !bench.csv.empty())
+      throw moekit::cli::UsageError("--csv: bench --ep writes --json only");
     if (bench_cmd->parsed() && bench.ep > 0) return moekit::cli::run_bench_ep(bench, command, argc, argv);
     if (bench_cmd->parsed())
       return bench.dtype == "fp8" ? moekit::cli::run_bench_fp8(bench, command) : moekit::cli::run_bench(bench, command);
     if (check_cmd->parsed()) return moekit::cli::run_check(check);
     if (tune_cmd->parsed()) return moekit::cli::run_tune(tune, command);
+  } catch (const moekit::cli::UsageError& e) {
+    std::fprintf(stderr, "moekit: error: %s\nRun with --help for more information.\n", e.what());
+    return moekit::cli::kExitUsage;
   } catch (const moekit::Error& e) {
     std::fprintf(stderr, "moekit: error: %s\n", e.what());
   } catch (const moekit::CudaError& e) {

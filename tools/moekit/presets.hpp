@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "exit_codes.hpp"
 #include "moekit/moe.hpp"
 
 namespace moekit::cli {
@@ -58,7 +59,7 @@ inline LayerSpec preset_spec(const std::string& name) {
   } else {
     std::string known;
     for (const std::string& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    throw Error("--preset: unknown preset '" + name + "'; expected one of " + known);
+    throw UsageError("--preset: unknown preset '" + name + "'; expected one of " + known);
   }
   return s;
 }
@@ -90,7 +91,7 @@ inline LayerSpec resolve_layer(const LayerArgs& a) {
   if (!a.scoring.empty()) {
     const Scoring sc = a.scoring == "sigmoid" ? Scoring::sigmoid : Scoring::softmax;
     if (a.scoring != "sigmoid" && a.scoring != "softmax")
-      throw Error("--scoring: expected softmax or sigmoid, got '" + a.scoring + "'");
+      throw UsageError("--scoring: expected softmax or sigmoid, got '" + a.scoring + "'");
     changed |= sc != s.router.scoring;
     s.router.scoring = sc;
   }

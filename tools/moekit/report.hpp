@@ -1,5 +1,6 @@
 // report.hpp — one benchmark row, the readable table `moekit bench` prints, and the JSON file
-// (--json; written by main.cpp, the translation unit that includes nlohmann/json).
+// (--json, and --csv with the same fields; written by main.cpp, the translation unit that includes
+// nlohmann/json).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,7 @@ struct Row {
   std::optional<double> read_time_ms;  // streaming read of cost.weight_bytes; none without weights
   double tokens_per_expert_max_over_mean = 0;
   int64_t touched_experts = 0;
+  std::vector<int32_t> tokens_per_expert;  // [E]: assignments per expert (align's expert_counts)
   std::string config;  // plan.str()
   std::string note;
   int weight_copies = 1;  // copies rotated through (L2 defeat)
@@ -57,6 +59,8 @@ struct Row {
 };
 
 void write_json(const std::string& path, const RunInfo& info, const std::vector<Row>& rows);
+// The same rows as CSV (--csv): one header line of the JSON rows' keys, one line per row.
+void write_csv(const std::string& path, const RunInfo& info, const std::vector<Row>& rows);
 
 inline void print_table_header() {
   std::printf("%-14s %6s %-12s %-15s %9s %7s %8s %6s %6s %8s %9s %7s\n", "preset", "T", "stage", "impl", "ms", "TB/s",

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -163,7 +164,12 @@ struct TuneContext {
   Fp8Weights* fp8;  // the FP8 copies for --dtype fp8; nullptr for bf16
   const DeviceInfo& dev;
   cudaStream_t stream;
+  std::chrono::steady_clock::time_point start;  // when the run began (the candidates' elapsed time)
 };
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 struct TokensResult {
   std::optional<tuning::TuningRecord> record;  // none when no candidate passed
@@ -191,6 +197,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
   std::erase(candidates, heuristic_choice);
   candidates.insert(candidates.begin(), heuristic_choice);
   const int n = int(candidates.size());
+  const auto t_start = std::chrono::steady_clock::now();
   std::printf("\nT=%lld (%.4g rows per expert): %d %s candidates; the heuristic's first\n", (long long)T,
               tuning::rows_per_expert(shape), n, precision_name(precision));
 
@@ -210,15 +217,24 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
 
   for (int i = 0; i < n; ++i) {
     const tuning::TileChoice& c = candidates[size_t(i)];
-    char head[160];
-    std::snprintf(head, sizeof head, "[%d/%d] %s%s", i + 1, n, describe(c).c_str(), i == 0 ? " (heuristic)" : "");
+    // Each candidate's line, formatted when it is printed (after the candidate ran): the time
+    // since `moekit tune` started, and what this T's remaining candidates should take at the mean
+    // of those done so far.
+    auto head = [&, i] {
+      const double run_s = seconds_since(cx.start), t_s = seconds_since(t_start);
+      const double left_s = t_s / double(i + 1) * double(n - i - 1);
+      char b[256];
+      std::snprintf(b, sizeof b, "[%d/%d %.0fs elapsed, ~%.0fs left for T=%lld] %s%s", i + 1, n, run_s, left_s,
+                    (long long)T, describe(c).c_str(), i == 0 ? " (heuristic)" : "");
+      return std::string(b);
+    };
     try {
       const ForwardPlan plan = plan_forward_with(shape, c.up, c.down, c.down_splits);
       const int64_t ws_bytes = int64_t(workspace_bytes(plan));
       size_t free_bytes = 0, total_bytes = 0;
       MK_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
       if (ws_bytes + kWorkspaceMarginBytes > int64_t(free_bytes)) {
-        std::printf("%s: skipped: its workspace needs %.2f GB, %.2f GB free\n", head, double(ws_bytes) / 1e9,
+        std::printf("%s: skipped: its workspace needs %.2f GB, %.2f GB free\n", head().c_str(), double(ws_bytes) / 1e9,
                     double(free_bytes) / 1e9);
         continue;
       }
@@ -232,7 +248,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
       if (!experts.prepared()) experts.prepare(ws, xt, max_ws_bytes);
       const auto [ok, summary] = experts.check(ws, yt);
       if (!ok) {
-        std::printf("%s: CHECK FAILED, not timed\n  %s\n", head, summary.c_str());
+        std::printf("%s: CHECK FAILED, not timed\n  %s\n", head().c_str(), summary.c_str());
         ++result.failed;
         continue;
       }
@@ -250,7 +266,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
       if (best && !args.exhaustive) {
         const double screen_ms = time_rotated_ms(graphs, copies, 1, kScreenSteps, s);
         if (screen_ms > kScreenSlack * best_ms) {
-          std::printf("%s: screened out: %.4f ms over %d steps, > %.2fx the best %.4f ms\n", head, screen_ms,
+          std::printf("%s: screened out: %.4f ms over %d steps, > %.2fx the best %.4f ms\n", head().c_str(), screen_ms,
                       kScreenSteps, kScreenSlack, best_ms);
           continue;
         }
@@ -261,19 +277,19 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
       MK_CUDA_CHECK(cudaStreamSynchronize(s));
       MK_CUDA_CHECK(cudaMemcpy(y_after.data(), y.get(), size_t(y.bytes()), cudaMemcpyDeviceToHost));
       if (y_after != y_checked) {
-        std::printf("%s: DETERMINISM FAILED: y after the timed runs differs from the checked y\n", head);
+        std::printf("%s: DETERMINISM FAILED: y after the timed runs differs from the checked y\n", head().c_str());
         ++result.failed;
         continue;
       }
       const bool is_best = !best || ms < best_ms;
-      std::printf("%s: %.4f ms, %.0f%% of read%s\n", head, ms, 100.0 * experts.read_ms() / ms, is_best ? " (best so far)" : "");
+      std::printf("%s: %.4f ms, %.0f%% of read%s\n", head().c_str(), ms, 100.0 * experts.read_ms() / ms, is_best ? " (best so far)" : "");
       if (i == 0) heuristic_ms = ms;
       if (is_best) {
         best = c;
         best_ms = ms;
       }
     } catch (const Error& e) {
-      std::printf("%s: skipped: %s\n", head, e.what());
+      std::printf("%s: skipped: %s\n", head().c_str(), e.what());
     }
   }
 
@@ -305,17 +321,18 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
 }  // namespace
 
 int run_tune(const TuneArgs& args, const std::string& command) {
+  const auto run_start = std::chrono::steady_clock::now();
   const LayerSpec spec = resolve_layer(args.layer);  // option errors first, GPU or not
-  if (args.tokens.empty()) throw Error("--tokens: give at least one token count");
+  if (args.tokens.empty()) throw UsageError("--tokens: give at least one token count");
   std::vector<int64_t> sorted = args.tokens;
   std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) throw Error("--tokens: a token count is given twice");
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) throw UsageError("--tokens: a token count is given twice");
   const Precision precision = args.dtype == "fp8" ? Precision::fp8 : Precision::bf16;
   if (precision == Precision::fp8 && (spec.shape.hidden % 16 != 0 || spec.shape.inter % 16 != 0))
     throw Error("--dtype fp8: H and F must be multiples of 16 (16-byte rows of e4m3), got H=" +
                 std::to_string(spec.shape.hidden) + " F=" + std::to_string(spec.shape.inter));
   if (!require_hopper("tune", ": it times candidate configs on the device",
-                      "Without a table, plan_forward uses its heuristic; `moekit check` runs the CPU oracle here."))
+                      "Without a table, plan_forward uses its heuristic; `moekit check --cpu` runs the CPU oracle here."))
     return kExitNoGpu;
   const DeviceInfo dev = query_device();
   const std::string out = args.out.empty() ? "configs/" + tuning::device_slug(dev.name) + ".json" : args.out;
@@ -340,7 +357,7 @@ int run_tune(const TuneArgs& args, const std::string& command) {
   GpuLayer layer(spec, args.seed, stream.s);
   std::optional<Fp8Weights> fp8;
   if (precision == Precision::fp8) fp8.emplace(layer).ensure(1, kKeepFreeBytes, stream.s);
-  const TuneContext cx{args, layer, fp8 ? &*fp8 : nullptr, dev, stream.s};
+  const TuneContext cx{args, layer, fp8 ? &*fp8 : nullptr, dev, stream.s, run_start};
   std::vector<tuning::TuningRecord> fresh;
   int failed = 0;
   for (int64_t T : args.tokens) {

@@ -7,7 +7,9 @@
 //                                each with all its loads in flight at once.
 //   gate_logits_looped_kernel  — prefill: one CTA per tile walks the slices itself.
 // Both are bitwise the same logits (the same MMAs on the same operands, the same additions in the
-// same order). Parts: warp_partial.cuh (mainloop), the reductions and stores here (epilogue).
+// same order). Parts: warp_partial.cuh (mainloop), the reductions and stores here (epilogue), and
+// for the cluster kernel with kQuantX (an FP8 layer at decode) x_quant.cuh: the first expert
+// tile's CTAs quantize the x they read.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -18,12 +20,13 @@
 #include "common/canon.hpp"
 #include "common/device.cuh"
 #include "router/gate/warp_partial.cuh"
+#include "router/gate/x_quant.cuh"
 
 namespace moekit::kernels::router {
 
 // Decode: a cluster of kGateSlices CTAs per tile, CTA r computing slice r; the slice partials
 // meet in distributed shared memory. Many CTAs, each with one batch of loads in flight.
-template <int MT, int NT>
+template <int MT, int NT, bool kQuantX>
 __global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGateWarps)
     gate_logits_kernel(GateParams p) {
   namespace cg = cooperative_groups;
@@ -36,9 +39,13 @@ __global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGate
   const int64_t t0 = int64_t(blockIdx.y) * kRows;
 
   bool waited = false;
-  warp_slice_partial<MT, NT>(p, slice, e0, t0, gate_smem, waited);
+  const int64_t x_row_bytes = gate_x_row_bytes(p.hidden);
+  unsigned char* x_tile = gate_smem + Tile::kSmemBytes;  // kQuantX: [kRows][x_row_bytes]
+  warp_slice_partial<MT, NT, kQuantX>(p, slice, e0, t0, gate_smem, waited, dev::smem_addr(x_tile), x_row_bytes);
   if (!waited) dev::pdl_enter();
   __syncthreads();
+  if constexpr (kQuantX)
+    if (e0 == 0) quantize_x_slice<kRows>(p, slice, t0, x_tile, x_row_bytes);
   for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) s_slice[i] = sum_warp_partials<MT, NT>(gate_smem, i);
 
   // Slice partials, in slice order: CTA r of the cluster sums and stores every kGateSlices-th

@@ -30,21 +30,6 @@ __device__ __forceinline__ void mma_step_half(float (&acc)[4], const uint4& x_lo
   dev::mma_bf16(acc, a, word(w, 2 * j), word(w, 2 * j + 1));
 }
 
-// Dynamic shared memory of an instance: the per-warp load staging, which the warp partials
-// reuse after the main loop. MT: 16-token row tiles per CTA; NT: 8-expert column tiles.
-template <int MT, int NT>
-struct GateTile {
-  static constexpr int kRows = MT * 16, kCols = NT * 8;
-  // Steps a warp keeps in flight (loads issued together, then the MMAs): decode tiles are bound
-  // by load latency, larger tiles by registers.
-  static constexpr int kUnroll = MT * NT == 1 ? 4 : 2;
-  static constexpr int kChunks = NT + 2 * MT;                           // 16-byte loads per lane per step
-  static constexpr int kStageBytes = kUnroll * kChunks * 32 * 16;       // per warp
-  static constexpr int kPartialBytes = kRows * kCols * 4;               // per warp
-  static constexpr int kWarpBytes = kStageBytes > kPartialBytes ? kStageBytes : kPartialBytes;
-  static constexpr int kSmemBytes = kGateWarps * kWarpBytes;
-};
-
 // This warp's partial of one slice for the CTA's tile (tokens t0.., experts e0..), written to
 // its own part of `smem` as [kRows][kCols] floats: its steps s = warp, warp + kGateWarps, ... of
 // the slice, in ascending order. The first call issues its first w_gate loads before the PDL
@@ -53,9 +38,13 @@ struct GateTile {
 // (griddepcontrol.launch_dependents): such a kernel completes before this one starts. A caller
 // whose own PDL kernel writes w_gate right before route() must put a plain launch or an event
 // between them.
-template <int MT, int NT>
+// kKeepX (an FP8 layer's gate, params.hpp): the x chunks land in the CTA's x tile of the slice
+// (`x_tile`, rows of `x_row_bytes`) instead of the warp's staging, where they stay for
+// quantize_x_slice; chunks past the slice still go to the staging (zero-filled, never kept).
+template <int MT, int NT, bool kKeepX = false>
 __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slice, int e0, int64_t t0,
-                                                   unsigned char* smem, bool& waited) {
+                                                   unsigned char* smem, bool& waited, uint32_t x_tile = 0,
+                                                   int64_t x_row_bytes = 0) {
   using Tile = GateTile<MT, NT>;
   constexpr int kCols = Tile::kCols, kUnroll = Tile::kUnroll;
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
@@ -67,6 +56,16 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
   const int64_t H = p.hidden;
   const GateSlicing sl(H);
   const int64_t k_begin = sl.begin(slice), k_end = sl.end(slice), steps = sl.steps(slice);
+  // Where x chunk (u, mt, h) of the batch at step s0 lands (and is read back from).
+  auto x_slot = [&](int u, int mt, int h, int64_t s0, bool in) -> uint32_t {
+    if constexpr (kKeepX) {
+      if (in)
+        return x_tile + uint32_t(int64_t(mt * 16 + g + 8 * h) * x_row_bytes +
+                                 ((s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8) * 2);
+    }
+    return slot(u, NT + 2 * mt + h);
+  };
+  const uint32_t smem_base = uint32_t(__cvta_generic_to_shared(smem));
 
   // Rows this lane loads: tokens t0 + mt*16 + g (+8), experts e0 + nt*8 + g.
   const __nv_bfloat16* xr[MT][2];
@@ -116,7 +115,8 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) dev::cp_async16(slot(u, NT + 2 * mt + h), xr[mt][h] + (k - q * 8), in && xok[mt][h] ? 16u : 0u);
+        for (int h = 0; h < 2; ++h)
+          dev::cp_async16(x_slot(u, mt, h, s0, in), xr[mt][h] + (k - q * 8), in && xok[mt][h] ? 16u : 0u);
     }
     dev::cp_async_wait_all();  // each lane reads back only its own slots
     // A lane's 8 columns feed two k16 MMAs: columns 0-3 are the fragment's k slots {2q, 2q+1,
@@ -124,6 +124,8 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
     // each MMA still pairs x[t][c] with w[e][c].
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k_begin + (s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8;
+      const bool in = s0 + int64_t(u) * kGateWarps < steps && k < k_end;
       uint4 wv[NT], xv[MT][2];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) wv[nt] = *reinterpret_cast<const uint4*>(my_smem + (slot(u, nt) - stage));
@@ -131,7 +133,7 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          xv[mt][h] = *reinterpret_cast<const uint4*>(my_smem + (slot(u, NT + 2 * mt + h) - stage));
+          xv[mt][h] = *reinterpret_cast<const uint4*>(smem + (x_slot(u, mt, h, s0, in) - smem_base));
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll

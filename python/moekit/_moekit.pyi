@@ -1,0 +1,202 @@
+# _moekit.pyi — the types of the extension moekit._moekit (python/src/bindings.cpp), for type
+# checkers and editors. Made by `python -m nanobind.stubgen -m moekit._moekit`, then edited: array
+# arguments are DLPackArray (any array with DLPack support, or a DLPack capsule: the binding checks
+# dtype, rank, strides and device, naming the argument), the exceptions are declared, and the
+# device argument of plan_forward is typed. tests/python/test_stubs.py checks that the names and
+# parameters here are the module's: regenerate or edit this file with bindings.cpp.
+"""
+moekit: the kernels of one Mixture-of-Experts layer for NVIDIA Hopper (sm_90a).
+"""
+
+from typing import Any, TypeAlias
+
+# An array with DLPack support (torch.Tensor, CuPy, JAX, NumPy for the checks) or a DLPack capsule.
+DLPackArray: TypeAlias = Any
+
+__version__: str
+
+class Error(ValueError):
+    """A bad argument; the message names it (shown as moekit.Error)."""
+
+class CudaError(RuntimeError):
+    """No usable GPU, or a CUDA call failed (shown as moekit.CudaError)."""
+
+
+MAX_EXPERTS: int = 512
+
+MAX_TOPK: int = 16
+
+FP8_BLOCK: int = 128
+
+def device_count() -> int:
+    """Number of visible CUDA devices; 0 where there is no GPU or driver."""
+
+class DeviceInfo:
+    """What the config chooser knows of a GPU (moekit.query_device())."""
+
+    def __init__(self, *, name: str = '', sm_count: int = 0, cc_major: int = 0, cc_minor: int = 0, smem_per_block_optin: int = 0, l2_bytes: int = 0) -> None: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @name.setter
+    def name(self, arg: str, /) -> None: ...
+
+    @property
+    def sm_count(self) -> int: ...
+
+    @sm_count.setter
+    def sm_count(self, arg: int, /) -> None: ...
+
+    @property
+    def cc_major(self) -> int: ...
+
+    @cc_major.setter
+    def cc_major(self, arg: int, /) -> None: ...
+
+    @property
+    def cc_minor(self) -> int: ...
+
+    @cc_minor.setter
+    def cc_minor(self, arg: int, /) -> None: ...
+
+    @property
+    def smem_per_block_optin(self) -> int: ...
+
+    @smem_per_block_optin.setter
+    def smem_per_block_optin(self, arg: int, /) -> None: ...
+
+    @property
+    def l2_bytes(self) -> int: ...
+
+    @l2_bytes.setter
+    def l2_bytes(self, arg: int, /) -> None: ...
+
+    def __repr__(self) -> str: ...
+
+def query_device(device: int = -1) -> DeviceInfo:
+    """
+    Properties of a CUDA device (-1: the current one). Raises moekit.CudaError without a GPU.
+    """
+
+class Plan:
+    """
+    The plan of one forward pass: every kernel choice and the buffer sizes (plan_forward).
+    """
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def hidden(self) -> int: ...
+
+    @property
+    def inter(self) -> int: ...
+
+    @property
+    def experts(self) -> int: ...
+
+    @property
+    def topk(self) -> int: ...
+
+    @property
+    def precision(self) -> str:
+        """'bf16' or 'fp8': the precision of the expert GEMMs"""
+
+    @property
+    def block_m(self) -> int: ...
+
+    @property
+    def max_rows(self) -> int: ...
+
+    @property
+    def max_blocks(self) -> int: ...
+
+    @property
+    def down_splits(self) -> int:
+        """
+        split-K of the down GEMM: > 1 writes FP32 partials (combine_partials sums them)
+        """
+
+    @property
+    def up(self) -> str: ...
+
+    @property
+    def down(self) -> str: ...
+
+    @property
+    def router(self) -> str: ...
+
+    @property
+    def workspace_bytes(self) -> int: ...
+
+    def workspace_layout(self) -> dict[str, tuple[int, str, list[int]]]:
+        """
+        {name: (offset_bytes, dtype, shape)} of the tensors carved from the workspace.
+        """
+
+    def str(self) -> str: ...
+
+    def __str__(self) -> str: ...
+
+    def __repr__(self) -> str: ...
+
+def plan_forward(tokens: int, hidden: int, inter: int, experts: int, topk: int, *, device: int | DeviceInfo | None = None, precision: str = 'bf16') -> Plan:
+    """
+    Validates the shape and picks tile configs for it. device: None (the current GPU), a device index, or a moekit.DeviceInfo (plans without a GPU). precision: 'bf16', or 'fp8' (DeepSeek-V3's e4m3 weights with 128x128 block scales; H and F multiples of 16).
+    """
+
+def compiled_gemm_configs(precision: str = 'bf16') -> list[str]: ...
+
+def route(x: DLPackArray | None, w_gate: DLPackArray | None, router_logits: DLPackArray | None, score_bias: DLPackArray | None, topk_ids: DLPackArray | None, topk_weights: DLPackArray | None, *, scoring: str = 'softmax', renormalize: bool = False, n_group: int = 0, topk_group: int = 0, routed_scaling_factor: float = 1.0, logits_scratch: DLPackArray | None = None, stream: int = 0) -> None:
+    """
+    Stage 1: writes topk_ids [T,k] i32 and topk_weights [T,k] f32 from router_logits [T,E] f32, or from x [T,H] bf16 and w_gate [E,H] bf16/f32. logits_scratch [T,E] f32 (optional, w_gate path): the logits are then computed over many SMs first (bf16 w_gate: on the tensor cores, deterministic and batch-invariant, within 2^-12*sum|x*w| of FP32; f32 w_gate: the same bits as without it).
+    """
+
+def quantize_tokens(plan: Plan, x: DLPackArray | None, workspace: DLPackArray | None, *, stream: int = 0) -> None:
+    """
+    Stage 1b of fp8 plans: x [T,H] bf16 -> the workspace's x_q [T,H] e4m3 and x_scale [T,ceil(H/128)] f32, per token and 128 columns (amax / 448).
+    """
+
+def quantize_weights(w: DLPackArray | None, q: DLPackArray | None, scale: DLPackArray | None, *, stream: int = 0) -> None:
+    """
+    bf16 weights to DeepSeek-V3's FP8 format: w [P,R,C] bf16 (w13 [E,2F,H] as [2E,F,H]) -> q [P,R,C] e4m3 and scale [P,ceil(R/128),ceil(C/128)] f32, per 128x128 block (amax / 448; scale dequantizes).
+    """
+
+def align(plan: Plan, topk_ids: DLPackArray | None, workspace: DLPackArray | None, *, stream: int = 0) -> None:
+    """
+    Stage 2: the expert-sorted, block_m-padded order of the assignments, in the workspace.
+    """
+
+def expert_up(plan: Plan, x: DLPackArray | None, w13: DLPackArray | None, workspace: DLPackArray | None, *, w13_scale: DLPackArray | None = None, stream: int = 0) -> None:
+    """
+    Stage 3: act = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) per sorted row, in the workspace. fp8 plans: x is the workspace's x_q (quantize_tokens), w13 e4m3 with w13_scale [E,2·ceil(F/128),ceil(H/128)] f32.
+    """
+
+def expert_down(plan: Plan, w2: DLPackArray | None, topk_weights: DLPackArray | None, workspace: DLPackArray | None, *, w2_scale: DLPackArray | None = None, stream: int = 0) -> None:
+    """
+    Stage 4: y_rows[a] = topk_weights[a] · act·W2ᵀ, in the workspace. fp8 plans: w2 e4m3 with w2_scale [E,ceil(H/128),ceil(F/128)] f32.
+    """
+
+def combine(y_rows: DLPackArray | None, topk: int, y: DLPackArray | None, *, stream: int = 0) -> None:
+    """Stage 5: y[t] = Σ_j y_rows[t*k+j] in slot order (no atomics)."""
+
+def combine_partials(y_partials: DLPackArray | None, topk: int, y: DLPackArray | None, *, stream: int = 0) -> None:
+    """
+    Stage 5 after a split-K down GEMM (plan.down_splits > 1): y[t] = Σ_j Σ_s y_partials[s][t*k+j].
+    """
+
+def moe_forward(plan: Plan, x: DLPackArray | None, w_gate: DLPackArray | None, router_logits: DLPackArray | None, score_bias: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, scoring: str = 'softmax', renormalize: bool = False, n_group: int = 0, topk_group: int = 0, routed_scaling_factor: float = 1.0, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, stream: int = 0) -> None:
+    """
+    The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16. fp8 plans: w13/w2 e4m3 with their block scales w13_scale/w2_scale f32 (x is quantized on the device).
+    """
+
+def experts_forward(plan: Plan, x: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, topk_ids: DLPackArray | None, topk_weights: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, stream: int = 0) -> None:
+    """
+    Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32); fp8 plans: the weights' block scales as in moe_forward.
+    """
+
+def check_status(plan: Plan, workspace: DLPackArray | None, *, stream: int = 0) -> None:
+    """
+    Synchronises the stream and raises moekit.Error if a kernel flagged bad input (an expert id outside [0, E)). Not for hot loops.
+    """

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# tests/cli/cli_test.sh MOEKIT — the command line's checks, run without a GPU (ctest cli.*): bad
+# flags and layers fail before any device is asked for, with the exit code of exit_codes.hpp and a
+# short message naming the flag; --help documents the exit codes; `check` without a GPU fails.
+set -uo pipefail
+MOEKIT=${1:?usage: cli_test.sh path/to/moekit}
+fails=0
+
+# expect RC PATTERN ARGS...: exit code RC, and stdout+stderr matching PATTERN (grep -E), under
+# 400 characters a line (no 300-digit ranges), never asking for a GPU first.
+expect() {
+  local want=$1 pattern=$2
+  shift 2
+  local out rc
+  out=$("$MOEKIT" "$@" 2>&1)
+  rc=$?
+  local why=""
+  [ "$rc" = "$want" ] || why="exit code $rc, expected $want"
+  grep -qE -- "$pattern" <<<"$out" || why="$why; output does not match /$pattern/"
+  if awk 'length > 400 { exit 1 }' <<<"$out"; then :; else why="$why; a line over 400 characters"; fi
+  if [ "$want" = 3 ] && grep -q "needs an NVIDIA Hopper GPU" <<<"$out"; then why="$why; asked for a GPU first"; fi
+  if [ -n "$why" ]; then
+    echo "FAIL: moekit $*: ${why#; }"
+    sed 's/^/    /' <<<"$out" | head -5
+    fails=$((fails + 1))
+  else
+    echo "ok:   moekit $* -> $rc"
+  fi
+}
+
+# Layer shapes (item 3): each names its flag.
+expect 3 "^moekit: error: --hidden: H must be a positive multiple of 8" bench --hidden 100
+expect 3 "^moekit: error: --inter: F must be a positive multiple of 8.*got 3" bench --inter 3
+expect 3 "^--topk: expected a whole number in \[1, 16\], got 0" bench --topk 0
+expect 3 "^--experts: expected a whole number in \[1, 512\], got 0" bench --experts 0
+expect 3 "^--experts: expected a whole number in \[1, 512\], got 100000" bench --experts 100000
+expect 3 "--topk: k must be in \[1, min\(16, E = 8\)\], got 9" bench --topk 9
+expect 3 "--hidden: --dtype fp8 needs H a multiple of 16" bench --dtype fp8 --hidden 4104
+expect 3 "--n-group: must divide E = 8" bench --n-group 3 --topk-group 1
+expect 3 "--topk-group: must be in \[1, n_group = 8\], got 9" bench --preset deepseek-v3 --topk-group 9
+expect 3 "--tokens 300000000: .*'shape.tokens'.*32-bit sorted_ids" bench --preset deepseek-v3 --tokens 1,300000000
+expect 3 "--hidden: H must be a positive multiple of 8" tune --hidden 100
+expect 3 "--preset: unknown preset 'nope'" bench --preset nope
+# Numbers (item 4): readable ranges, no DBL_MAX in full.
+expect 3 "^--tokens: expected a whole number in \[1, 2147483646\], got 0" bench --tokens 0
+expect 3 "^--tokens: expected a whole number in \[1, 2147483646\], got -5" bench --tokens -5
+expect 3 "^--tokens: expected a whole number in \[1, 2147483646\], got 'abc'" bench --tokens abc
+expect 3 "^--tokens: expected a whole number" bench --tokens 1,2,x
+expect 3 "^--steps: expected a whole number in \[1, 1000000\], got 0" bench --steps 0
+expect 3 "^--steps: expected a whole number in \[1, 1000000\], got 0" tune --steps 0
+expect 3 "^--warmup: expected a whole number in \[0, 1000000\], got -1" bench --warmup -1
+expect 3 "^--tokens: expected a whole number" check --tokens 0
+expect 3 "frobnicate" bench --frobnicate
+# check --cpu refuses what it cannot honour instead of clamping (item 3).
+expect 3 "^--topk: expected a whole number in \[1, 16\], got 300" check --cpu --topk 300
+expect 3 "^--experts: expected a whole number in \[1, 512\], got 100000" check --cpu --experts 100000
+expect 3 "--experts: check --cpu runs at most 64 experts" check --cpu --experts 100
+expect 3 "^--topk: expected a whole number in \[1, 16\], got 0" check --cpu --topk 0
+expect 3 "--hidden: check --cpu runs H up to 1024" check --cpu --hidden 4096
+expect 0 "oracle OK" check --cpu --tokens 5
+expect 0 "oracle OK" check --cpu --tokens 3 --experts 16 --topk 4 --hidden 128 --inter 64
+# Exit codes in every command's --help.
+for cmd in bench check tune; do expect 0 "Exit codes: 0 ok; 1 .*; 2 .*; 3 bad command line" "$cmd" --help; done
+# check without a GPU and without --cpu: one line, exit 2 (a GPU machine runs the check instead).
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  echo "skip: check without --cpu (a GPU is present)"
+else
+  expect 2 "^moekit check: no Hopper GPU .*moekit check --cpu" check
+  lines=$("$MOEKIT" check 2>&1 | wc -l)
+  [ "$lines" = 1 ] || { echo "FAIL: moekit check without a GPU printed $lines lines, expected 1"; fails=$((fails + 1)); }
+fi
+
+[ "$fails" = 0 ] && echo "cli_test: all passed" || echo "cli_test: $fails FAILED"
+[ "$fails" = 0 ]
