@@ -10,19 +10,7 @@ if(MOEKIT_FUZZ)
     message(FATAL_ERROR "MOEKIT_FUZZ needs clang as the C++ compiler (-DCMAKE_CXX_COMPILER=clang++-14)")
   endif()
   set(MOEKIT_FUZZ_FLAGS -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1)
-  add_executable(moekit_validation_fuzz
-    tests/fuzz/validation_fuzz.cpp
-    src/common/tensor.cpp
-    src/common/validate.cpp
-    src/tuning/configs.cpp
-    src/tuning/heuristic.cpp
-    src/tuning/plan.cpp
-    src/tuning/table.cpp
-    src/tuning/workspace.cpp
-    src/tuning/backward_plan.cpp
-    src/tuning/backward_workspace.cpp
-    src/reference/reference.cpp
-    ${PROJECT_BINARY_DIR}/generated/tuning_table.cpp)
+  add_executable(moekit_validation_fuzz tests/fuzz/validation_fuzz.cpp ${MOEKIT_PLANNING_SOURCES} src/reference/reference.cpp)
   target_include_directories(moekit_validation_fuzz PRIVATE include src ${CUDAToolkit_INCLUDE_DIRS})
   target_compile_options(moekit_validation_fuzz PRIVATE ${MOEKIT_FUZZ_FLAGS} -ffp-contract=off)
   target_link_options(moekit_validation_fuzz PRIVATE ${MOEKIT_FUZZ_FLAGS})

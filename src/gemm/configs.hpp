@@ -30,8 +30,8 @@
   X(128, 6)
 
 // FP8 (e4m3, block scales): block_k counts e4m3 elements, one or two 128-deep scale blocks, each
-// promoted on its own. The up GEMM's tile must hold whole 128-column groups of act (its epilogue
-// quantizes them): block_n 256 (128 gate + 128 up rows). Down tiles of any compiled block_n.
+// promoted on its own. The up GEMM's epilogue quantizes whole 128-column groups of act: a tile of
+// block_n 256 (128 gate + 128 up rows) holds one (tuning::up_config_ok). Down tiles of any block_n.
 // mma.sync (decode): X(block_m, block_n, block_k, warps_m, warps_n, stages), as above; block_k
 // 256 moves the bf16 tiles' 256 bytes a row per stage. An up tile narrower than 256 runs as a
 // cluster of CTAs per act group (gemm/mma_sync/fp8.cuh). The first is the heuristic's for both

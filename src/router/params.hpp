@@ -75,6 +75,11 @@ struct GateTile {
 // memory after kSmemBytes — kRows rows of the slice's columns, each row padded by 16 bytes so the
 // MMAs' 16-byte reads of 8 rows fall in 8 bank groups — and quantizes it once the slice is
 // loaded. Needs slices of whole 128-column groups (a group never straddles two CTAs).
+// The tilings that can: the cluster kernels (decode). The looped and pipelined ones (prefill) leave
+// x to quantize_tokens (src/tuning/heuristic.cpp, gate_quantizes_x: why).
+MK_HD constexpr bool gate_tiling_quantizes_x(GateKernel k) {
+  return k == GateKernel::cluster_16x8 || k == GateKernel::cluster_32x8 || k == GateKernel::cluster_32x32;
+}
 MK_HD constexpr int64_t gate_x_row_bytes(int64_t hidden) { return gate_slice_width(hidden) * 2 + 16; }
 MK_HD constexpr bool gate_slices_hold_groups(int64_t hidden) { return gate_slice_width(hidden) % 128 == 0; }
 template <int MT, int NT>

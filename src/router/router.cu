@@ -189,9 +189,8 @@ kr::Params router_params(const Tensor& x, const Tensor& w_gate, const Tensor& lo
 }
 
 bool route_quantizes_x(const RouterPlan& plan, const kr::Params& p, DType w_dtype, const float* logits_scratch) {
-  const bool cluster = plan.gate == GateKernel::cluster_16x8 || plan.gate == GateKernel::cluster_32x8 ||
-                       plan.gate == GateKernel::cluster_32x32;
-  return plan.quantize_x && cluster && p.logits == nullptr && logits_scratch != nullptr && w_dtype == DType::bf16;
+  return plan.quantize_x && kr::gate_tiling_quantizes_x(plan.gate) && p.logits == nullptr && logits_scratch != nullptr &&
+         w_dtype == DType::bf16;
 }
 
 bool launch_route(const RouterPlan& plan, kr::Params p, DType w_dtype, float* logits_scratch, cudaStream_t stream,

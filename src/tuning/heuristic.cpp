@@ -42,18 +42,15 @@ constexpr int64_t kGatePipeMinCtas = 64;
 // a slice's steps role by role, a group's four steps far apart.
 bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin) {
   namespace kr = kernels::router;
-  if (!kr::gate_slices_hold_groups(hidden) || hidden >= (int64_t(1) << 30)) return false;
+  if (!kr::gate_tiling_quantizes_x(k) || !kr::gate_slices_hold_groups(hidden) || hidden >= (int64_t(1) << 30)) return false;
   // Dynamic shared memory, plus the kernels' static tile of partial sums (kRows x kCols floats).
   auto fits = [&](int64_t dynamic, int rows, int cols) { return dynamic + int64_t(rows) * cols * 4 <= smem_per_block_optin; };
   switch (k) {
     case GateKernel::cluster_16x8: return fits(kr::gate_quantizing_smem_bytes<1, 1>(hidden), 16, 8);
     case GateKernel::cluster_32x8: return fits(kr::gate_quantizing_smem_bytes<2, 1>(hidden), 32, 8);
     case GateKernel::cluster_32x32: return fits(kr::gate_quantizing_smem_bytes<2, 4>(hidden), 32, 32);
-    case GateKernel::looped_64x8:
-    case GateKernel::looped_64x32:
-    case GateKernel::pipelined_128x64: return false;
+    default: return false;  // not a quantizing tiling (checked above)
   }
-  return false;
 }
 }  // namespace
 

@@ -31,11 +31,6 @@ struct GateRun {
   bool quantized = false;
 };
 
-std::vector<uint32_t> bits(const std::vector<float>& v) {
-  std::vector<uint32_t> b(v.size());
-  std::memcpy(b.data(), v.data(), v.size() * 4);
-  return b;
-}
 
 // Groups of x with the scale contract's special values: zeros, a tiny amax, a NaN and an Inf.
 void patch_special_groups(std::vector<ref::bf16>& x, int64_t T, int64_t H) {
@@ -97,7 +92,7 @@ TEST_F(GateQuantizeTest, EveryQuantizingTilingBitwiseQuantizeTokensWithUnchanged
       }
       MK_CUDA_CHECK(cudaStreamSynchronize(stream));
       r.logits = d_logits.download(), r.ids = d_ids.download(), r.x_q = d_q.download();
-      r.x_scale = bits(d_scale.download());
+      r.x_scale = float_bits(d_scale.download());
       return r;
     };
     const GateRun plain = run(false, 0), fused = run(true, 0), again = run(true, 0), graph = run(true, 1);
@@ -107,14 +102,14 @@ TEST_F(GateQuantizeTest, EveryQuantizingTilingBitwiseQuantizeTokensWithUnchanged
     std::vector<float> want_s(size_t(T * G));
     ref::quantize_tokens(x.data(), T, H, want_q.data(), want_s.data());
     EXPECT_EQ(fused.x_q, want_q);
-    EXPECT_EQ(fused.x_scale, bits(want_s));
-    EXPECT_EQ(bits(fused.logits), bits(plain.logits)) << "quantizing changed the logits";
+    EXPECT_EQ(fused.x_scale, float_bits(want_s));
+    EXPECT_EQ(float_bits(fused.logits), float_bits(plain.logits)) << "quantizing changed the logits";
     EXPECT_EQ(fused.ids, plain.ids);
     EXPECT_EQ(again.x_q, fused.x_q);
     EXPECT_EQ(again.x_scale, fused.x_scale);
     EXPECT_EQ(graph.x_q, fused.x_q);
     EXPECT_EQ(graph.x_scale, fused.x_scale);
-    EXPECT_EQ(bits(graph.logits), bits(fused.logits));
+    EXPECT_EQ(float_bits(graph.logits), float_bits(fused.logits));
   }
 }
 

@@ -96,6 +96,13 @@ class CapturedGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
+// The bits of floats, for bitwise comparisons that also hold for NaN payloads and -0.
+inline std::vector<uint32_t> float_bits(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+  return b;
+}
+
 inline std::vector<ref::bf16> random_bf16(size_t n, std::mt19937_64& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);
   std::vector<ref::bf16> v(n);

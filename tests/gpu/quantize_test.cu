@@ -19,11 +19,6 @@ using ref::fp8;
 constexpr bf16 kBf16NaN = 0x7fc0, kBf16NegNaN = 0xffc1, kBf16Inf = 0x7f80, kBf16NegInf = 0xff80;
 constexpr bf16 kBf16Max = 0x7f7f, kBf16NegMax = 0xff7f, kBf16NegZero = 0x8000, kBf16MinSubnormal = 0x0001;
 
-std::vector<uint32_t> bits(const std::vector<float>& v) {
-  std::vector<uint32_t> b(v.size());
-  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
-  return b;
-}
 
 // Fills `n` values from `first` with what a special group holds: 0 zeros (±0), 1 tiny (|v| well
 // below 2^-100, bf16 subnormals too), 2 huge (up to ±bf16 max), 3 one NaN, 4 one Inf, 5 Inf and NaN,
@@ -85,7 +80,7 @@ Quantized oracle_tokens(const std::vector<bf16>& x, int64_t T, int64_t H) {
   std::vector<fp8> q(static_cast<size_t>(T * H));
   std::vector<float> s(static_cast<size_t>(T * fp8_blocks(H)));
   ref::quantize_tokens(x.data(), T, H, q.data(), s.data());
-  return {q, bits(s)};
+  return {q, float_bits(s)};
 }
 
 class QuantizeTest : public GpuTest {
@@ -97,7 +92,7 @@ class QuantizeTest : public GpuTest {
     scale.poison();
     enqueue();
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return {q.download(), bits(scale.download())};
+    return {q.download(), float_bits(scale.download())};
   }
 };
 
@@ -139,7 +134,7 @@ TEST_F(QuantizeTest, TokensEntryEagerAndGraphReplayEqualOracle) {
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
     MK_CUDA_CHECK(cudaMemcpy(r.q.data(), ws.x_q.data, r.q.size(), cudaMemcpyDeviceToHost));
     MK_CUDA_CHECK(cudaMemcpy(s.data(), ws.x_scale.data, s.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    r.scale = bits(s);
+    r.scale = float_bits(s);
     return r;
   };
   ws_buf.poison();
@@ -193,7 +188,7 @@ TEST_F(QuantizeTest, TokensBeyond2Pow31ElementsEqualOracleOnSampledRows) {
     std::vector<float> s(static_cast<size_t>(G));
     MK_CUDA_CHECK(cudaMemcpy(got.q.data(), d_q.ptr + rows[i] * H, size_t(H), cudaMemcpyDeviceToHost));
     MK_CUDA_CHECK(cudaMemcpy(s.data(), d_s.ptr + rows[i] * G, size_t(G) * sizeof(float), cudaMemcpyDeviceToHost));
-    got.scale = bits(s);
+    got.scale = float_bits(s);
     ASSERT_TRUE(equal(got, oracle_tokens(x_rows[i], 1, H)));
   }
 }
@@ -234,7 +229,7 @@ TEST_F(QuantizeTest, WeightsBitwiseEqualOracleRunAfterRunAndFromAGraph) {
     for (size_t i = 0; i < w.size(); ++i) wf[i] = ref::to_float(w[i]);
     Quantized want{std::vector<fp8>(w.size()), {}};
     ref::quantize_weight_blocks(wf.data(), c.P, c.R, c.C, want.q.data(), s.data());
-    want.scale = bits(s);
+    want.scale = float_bits(s);
     ASSERT_TRUE(equal(got, want));
     ASSERT_TRUE(equal(run(d_q, d_s, launch), got));  // deterministic
     const CapturedGraph graph(stream, launch);

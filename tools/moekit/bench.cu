@@ -244,14 +244,7 @@ int run_bench(const BenchArgs& args, const std::string& command) {
     }
     ok = ok && out == Outcome::ok;
   }
-  if (!args.json.empty()) {
-    write_json(args.json, info, rows);
-    std::printf("\nwrote %zu rows to %s\n", rows.size(), args.json.c_str());
-  }
-  if (!args.csv.empty()) {
-    write_csv(args.csv, info, rows);
-    std::printf("wrote %zu rows to %s\n", rows.size(), args.csv.c_str());
-  }
+  write_rows(args.json, args.csv, info, rows);
   return ok ? kExitOk : kExitFailed;
 }
 

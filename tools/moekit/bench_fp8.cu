@@ -240,14 +240,7 @@ int run_bench_fp8(const BenchArgs& args, const std::string& command) {
       if (rows.empty() || rows.back().shape.tokens != T) return kExitFailed;  // failed before timing
     }
   }
-  if (!args.json.empty()) {
-    write_json(args.json, info, rows);
-    std::printf("\nwrote %zu rows to %s\n", rows.size(), args.json.c_str());
-  }
-  if (!args.csv.empty()) {
-    write_csv(args.csv, info, rows);
-    std::printf("wrote %zu rows to %s\n", rows.size(), args.csv.c_str());
-  }
+  write_rows(args.json, args.csv, info, rows);
   return ok ? kExitOk : kExitFailed;
 }
 

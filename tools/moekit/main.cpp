@@ -131,6 +131,18 @@ void write_csv(const std::string& path, const RunInfo& info, const std::vector<R
   if (!f) throw Error("--csv: writing '" + path + "' failed");
 }
 
+void write_rows(const std::string& json_path, const std::string& csv_path, const RunInfo& info,
+                const std::vector<Row>& rows) {
+  if (!json_path.empty()) {
+    write_json(json_path, info, rows);
+    std::printf("\nwrote %zu rows to %s\n", rows.size(), json_path.c_str());
+  }
+  if (!csv_path.empty()) {
+    write_csv(csv_path, info, rows);
+    std::printf("wrote %zu rows to %s\n", rows.size(), csv_path.c_str());
+  }
+}
+
 }  // namespace moekit::cli
 
 namespace {

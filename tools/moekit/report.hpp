@@ -61,6 +61,9 @@ struct Row {
 void write_json(const std::string& path, const RunInfo& info, const std::vector<Row>& rows);
 // The same rows as CSV (--csv): one header line of the JSON rows' keys, one line per row.
 void write_csv(const std::string& path, const RunInfo& info, const std::vector<Row>& rows);
+// Both files a bench asked for (an empty path: not asked), each with a line saying so.
+void write_rows(const std::string& json_path, const std::string& csv_path, const RunInfo& info,
+                const std::vector<Row>& rows);
 
 inline void print_table_header() {
   std::printf("%-14s %6s %-12s %-15s %9s %7s %8s %6s %6s %8s %9s %7s\n", "preset", "T", "stage", "impl", "ms", "TB/s",
