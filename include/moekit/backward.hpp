@@ -7,8 +7,7 @@
 // expert_counts: the backward replays it, never re-sorts) and its routing, and either nothing more
 // (the backward recomputes h = x·W13ᵀ) or h itself; plan_backward(forward_plan, device, options)
 // records every choice of the backward and the size of its own workspace, a pure host function of
-// the plan as the forward's is. The GPU entry is the next step of issue 18 (docs/design.md); this
-// header declares only what is implemented: the plan, its planner and the workspace layout.
+// the plan as the forward's is; moe_backward runs it on a stream (docs/design.md, "Backward").
 #pragma once
 
 #include <cstddef>
@@ -64,6 +63,11 @@ inline constexpr int kMaxGateGradSplits = 8;    // d_w_gate over the T tokens
 // The tile the weight-gradient GEMMs are planned with: 128 x 128 outputs of dW (the wgmma
 // prefill tile), 64 sorted rows a K step.
 inline constexpr int kWeightGradTileM = 128, kWeightGradTileN = 128, kWeightGradTileK = 64;
+// The D GEMM's column tile: each tile of F writes one partial ⟨D, act⟩ per assignment
+// (ws.dw_partials). The backward's GEMMs are mma.sync kernels of their own tiles (src/backward:
+// 16 or 64 rows by 64 columns); the forward's configs the plan records (up, d, dx) are what tuned
+// backward kernels will start from.
+inline constexpr int kDGemmTileN = 64;
 
 // The plan of one backward pass: every kernel choice (made by plan_backward from the forward's
 // plan) and, derived from them, every buffer's size.
@@ -85,7 +89,9 @@ struct BackwardPlan {
   int64_t max_rows() const { return worst_case_rows(shape, block_m); }
   int64_t max_blocks() const { return max_rows() / block_m; }
   // Column tiles of the D GEMM: each writes one partial ⟨D, act⟩ per row (ws.dw_partials).
-  int64_t d_col_tiles() const { return (shape.inter + d.block_n - 1) / d.block_n; }
+  int64_t d_col_tiles() const { return (shape.inter + kDGemmTileN - 1) / kDGemmTileN; }
+  // E rounded up to 8 (16-byte rows of bf16): the width of each part of ws.d_logits.
+  int64_t experts_padded() const { return (shape.experts + 7) / 8 * 8; }
   std::string str() const;
 };
 
@@ -142,7 +148,9 @@ struct BackwardWorkspace {
   Tensor d_topk_weights;    // [T, k] f32: their sums in tile order, when grads.d_topk_weights is absent
   Tensor dx_rows;           // [T*k, H] bf16: dh·W13_e per assignment (input_grad, dx_splits == 1)
   Tensor dx_partials;       // [S, T*k, H] f32: its split-K partial sums (input_grad, dx_splits > 1)
-  Tensor d_logits;          // [T, E] f32: the router's gradient (RouterGrad::gate)
+  Tensor d_logits;          // [T, 2·Ep] bf16 (Ep = experts_padded()): the router's gradient (RouterGrad::gate)
+                            // as its high and low bf16 parts, hi = bf16(d) in [0, E), lo = bf16(d − hi) in
+                            // [Ep, Ep + E), zeros past E: the gate GEMMs' operand on the tensor cores
   Tensor dx_router;         // [T, H] f32: d_logits·w_gate, the router's part of dx (gate, input_grad)
   Tensor gate_partials;     // [S, E, H] f32: d_w_gate's split-K partials (gate, gate_splits > 1)
   Tensor expert_row_start;  // [E + 1] i32: each expert's first sorted row (the padded counts' prefix
@@ -155,5 +163,15 @@ struct BackwardWorkspace {
 size_t backward_workspace_bytes(const BackwardPlan& plan);
 // Views into `base` (at least backward_workspace_bytes(plan) bytes, 256-byte aligned).
 BackwardWorkspace carve_backward_workspace(const BackwardPlan& plan, void* base, size_t bytes);
+
+// The backward pass of the layer the forward ran as `plan`'s forward plan: validates every argument
+// first (detail::check_backward: each error names its argument), then runs the stages on `stream` —
+// h recomputed (SavedActivations::recompute), the D GEMM with the dw / dh epilogue, d_topk_weights,
+// the router's gradient (RouterGrad::logits or ::gate), dx, and dW13 / dW2 over each expert's sorted
+// rows. No allocation, no host synchronisation: capturable in a CUDA graph (after one eager call on
+// the device). Deterministic: every output element is one thread's FP32 sum in an order fixed by
+// the layout, no atomics. `opt` is the forward's router options (read with a router gradient).
+void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const RouterOptions& opt,
+                  const BackwardGrads& grads, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace moekit

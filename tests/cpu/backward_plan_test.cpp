@@ -35,7 +35,8 @@ TEST(PlanBackward, ReplaysTheForwardsLayoutAndConfigs) {
       EXPECT_EQ(b.up, fwd.up);
       EXPECT_EQ(b.d, fwd.up);
       EXPECT_EQ(b.dx, fwd.down);
-      EXPECT_EQ(b.d_col_tiles(), (p.F + fwd.up.block_n - 1) / fwd.up.block_n);
+      EXPECT_EQ(b.d_col_tiles(), (p.F + kDGemmTileN - 1) / kDGemmTileN);
+      EXPECT_EQ(b.experts_padded(), (p.E + 7) / 8 * 8);
       EXPECT_EQ(b.source, "forward:" + fwd.source);
       EXPECT_EQ(b.options.router, RouterGrad::gate);
       // dx is the down GEMM's shape with K = 2F: the forward's split-K rule at that K.
@@ -175,7 +176,7 @@ int64_t bytes_by_hand(const BackwardPlan& p) {
   if (o.weight_grads) n += rounded(rows * F * 2);
   n += rounded(p.d_col_tiles() * tk * 4) + rounded(tk * 4);
   if (o.input_grad) n += p.dx_splits == 1 ? rounded(tk * H * 2) : rounded(p.dx_splits * tk * H * 4);
-  if (gate) n += rounded(s.tokens * E * 4);
+  if (gate) n += rounded(s.tokens * 2 * ((E + 7) / 8 * 8) * 2);  // d_logits: bf16 hi | lo, E padded to 8
   if (gate && o.input_grad) n += rounded(s.tokens * H * 4);
   if (gate && p.gate_splits > 1) n += rounded(p.gate_splits * E * H * 4);
   if (o.weight_grads) n += rounded((E + 1) * 4);
@@ -222,6 +223,7 @@ TEST(BackwardWorkspace, ViewsAreWhatThePlanNeedsAlignedAndDisjoint) {
       EXPECT_EQ(ws.dx_partials.given(), o.input_grad && p.dx_splits > 1);
       if (ws.dx_partials.given()) EXPECT_TRUE(is(ws.dx_partials, DType::f32, {p.dx_splits, tk, H}));
       EXPECT_EQ(ws.d_logits.given(), gate);
+      if (ws.d_logits.given()) EXPECT_TRUE(is(ws.d_logits, DType::bf16, {T, 2 * p.experts_padded()}));
       EXPECT_EQ(ws.dx_router.given(), gate && o.input_grad);
       EXPECT_EQ(ws.gate_partials.given(), gate && p.gate_splits > 1);
       EXPECT_EQ(ws.expert_row_start.given(), o.weight_grads);

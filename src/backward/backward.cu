@@ -1,0 +1,232 @@
+// backward.cu — moe_backward, the backward pass of one MoE layer on the GPU (bf16): one validation
+// (detail::check_backward), then the stages on the caller's stream, in the caller's workspace
+// (docs/design.md, "Backward"):
+//   1. h = x·W13ᵀ in sorted order (SavedActivations::recompute)            ragged.cuh
+//   2. D = dy·W2 with the SwiGLU-backward epilogue: dh, act_w, dw_partials  ragged.cuh
+//   3. d_topk_weights = Σ_tile dw_partials                                  reduce.cuh
+//   4. the router: d_logits, and with ::gate d_w_gate and dx_router        router_grad.cuh
+//   5. dx_rows = dh·W13, then dx = Σ_j dx_rows (+ dx_router)                ragged.cuh, reduce.cuh
+//   6. dW2 and dW13 over each expert's sorted rows (+ split-K sums)         weight_grad.cuh
+// Every kernel is launched with PDL (common/launch.hpp) and waits before it reads: no allocation,
+// no host synchronisation, capturable in a CUDA graph. Grids cover the worst-case rows; the rows
+// used are read on the device (num_rows_padded), as the forward's GEMMs read them.
+#include <nvtx3/nvToolsExt.h>
+
+#include <cstdint>
+
+#include "backward/params.hpp"
+#include "backward/ragged.cuh"
+#include "backward/reduce.cuh"
+#include "backward/router_grad.cuh"
+#include "backward/validate.hpp"
+#include "backward/weight_grad.cuh"
+#include "common/cuda_check.hpp"
+#include "common/launch.hpp"
+#include "moekit/backward.hpp"
+
+namespace moekit {
+
+namespace {
+
+namespace kb = kernels::backward;
+using detail::launch_pdl;
+
+static_assert(kb::kRaggedTileN == kDGemmTileN, "dw_partials has a row per D column tile");
+static_assert(kb::kExpertsPerLane * 32 >= kMaxExperts, "the router's warp holds every expert");
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The kernels' row block: 16 rows for the decode layouts (block_m 16 and 32), 64 for the prefill
+// ones (block_m 64 and 128); either lies inside one layout block, so it has one expert.
+int ragged_block_rows(int block_m) { return block_m >= 64 ? 64 : 16; }
+
+void launch_ragged(const char* name, void (*k16)(kb::RaggedParams), void (*k64)(kb::RaggedParams),
+                   const BackwardPlan& plan, int64_t n_tiles, int splits, const kb::RaggedParams& p,
+                   cudaStream_t stream) {
+  const int bm = ragged_block_rows(plan.block_m);
+  launch_pdl(name, bm == 16 ? k16 : k64, dim3(unsigned(plan.max_rows() / bm), unsigned(n_tiles), unsigned(splits)),
+             dim3(kb::kThreads), 0, stream, p);
+}
+
+kb::WeightOut weight_out(const Tensor& out, const Tensor& partials, int splits, bool accumulate, int64_t rows,
+                         int64_t cols, int64_t experts) {
+  kb::WeightOut o{};
+  o.out = out.data;
+  o.f32 = out.dtype == DType::f32;
+  o.accumulate = accumulate;
+  o.partials = splits > 1 ? partials.as<float>() : nullptr;
+  o.rows = rows, o.cols = cols, o.experts = experts;
+  return o;
+}
+
+void launch_split_sum(const Tensor& partials, int splits, const Tensor& out, bool accumulate, cudaStream_t stream) {
+  kb::SplitSumParams p{};
+  p.partials = partials.as<const float>();
+  p.out = out.data;
+  p.n = out.numel();
+  p.splits = splits;
+  p.f32 = out.dtype == DType::f32;
+  p.accumulate = accumulate;
+  launch_pdl("split_sum_kernel", kb::split_sum_kernel, dim3(unsigned(cdiv(p.n / 4, 256))), dim3(256), 0, stream, p);
+}
+
+}  // namespace
+
+void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const RouterOptions& opt,
+                  const BackwardGrads& grads, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const BackwardWorkspace ws = detail::check_backward(plan, in, opt, grads, workspace, workspace_bytes, "moe_backward");
+  const MoeShape& s = plan.shape;
+  const BackwardOptions& o = plan.options;
+  const int64_t T = s.tokens, H = s.hidden, F = s.inter, E = s.experts, TK = s.tokens * s.topk;
+  const bool gate = o.router == RouterGrad::gate;
+  nvtxRangePushA("moekit.moe_backward");
+  if (T == 0) {  // no rows: the weights' gradients are zeros (nothing to add when accumulating)
+    if (o.weight_grads && !o.accumulate_weight_grads) {
+      MK_CUDA_CHECK(cudaMemsetAsync(grads.dw13.data, 0, size_t(grads.dw13.bytes()), stream));
+      MK_CUDA_CHECK(cudaMemsetAsync(grads.dw2.data, 0, size_t(grads.dw2.bytes()), stream));
+    }
+    if (gate) MK_CUDA_CHECK(cudaMemsetAsync(grads.d_w_gate.data, 0, size_t(grads.d_w_gate.bytes()), stream));
+    nvtxRangePop();
+    return;
+  }
+  const auto* x = in.x.as<const kb::bf16>();
+  const auto* dy = in.dy.as<const kb::bf16>();
+  const auto* w13 = in.w13.as<const kb::bf16>();
+  const kb::Layout layout{in.sorted_ids.as<const int32_t>(), in.block_expert.as<const int32_t>(),
+                          in.num_rows_padded.as<const int32_t>(), TK, int(s.topk), plan.block_m};
+
+  // 1. h, g | u of every sorted row.
+  const bool recompute = o.saved == SavedActivations::recompute;
+  if (recompute) {
+    kb::RaggedParams p{};
+    p.layout = layout;
+    p.a = x, p.a_stride = H;
+    p.b = w13, p.b_expert_stride = 2 * F * H;
+    p.k_dim = H, p.n_dim = 2 * F, p.inter = F;
+    p.h_out = ws.h.as<kb::bf16>();
+    launch_ragged("recompute_h_kernel", kb::recompute_h_kernel<16>, kb::recompute_h_kernel<64>, plan,
+                  cdiv(2 * F, kb::kRaggedTileN), 1, p, stream);
+  }
+
+  // 2. D = dy·W2_e and its epilogue.
+  {
+    kb::RaggedParams p{};
+    p.layout = layout;
+    p.a = dy, p.a_stride = H;
+    p.b = in.w2.as<const kb::bf16>(), p.b_expert_stride = H * F;
+    p.k_dim = H, p.n_dim = F, p.inter = F;
+    p.h = recompute ? ws.h.as<const kb::bf16>() : in.h.as<const kb::bf16>();
+    p.topk_weights = in.topk_weights.as<const float>();
+    p.dh = ws.dh.as<kb::bf16>();        // null when neither dx nor dW is computed
+    p.act_w = ws.act_w.as<kb::bf16>();  // null without dW
+    p.dw_partials = ws.dw_partials.as<float>();
+    launch_ragged("d_gemm_kernel", kb::d_gemm_kernel<16>, kb::d_gemm_kernel<64>, plan, plan.d_col_tiles(), 1, p,
+                  stream);
+  }
+
+  // 3. d_topk_weights: the caller's buffer when given, else the workspace's (the router reads it).
+  float* d_topk = grads.d_topk_weights.given() ? grads.d_topk_weights.as<float>() : ws.d_topk_weights.as<float>();
+  {
+    const kb::DwReduceParams p{ws.dw_partials.as<const float>(), in.topk_ids.as<const int32_t>(), d_topk, TK,
+                               int(plan.d_col_tiles()), int(E)};
+    launch_pdl("dw_reduce_kernel", kb::dw_reduce_kernel, dim3(unsigned(cdiv(TK, kb::kReduceThreads))),
+               dim3(kb::kReduceThreads), 0, stream, p);
+  }
+
+  // 4. The router.
+  if (o.router != RouterGrad::none) {
+    kb::RouterGradParams p{};
+    p.logits = in.router_logits.as<const float>();
+    p.topk_ids = in.topk_ids.as<const int32_t>();
+    p.d_topk = d_topk;
+    p.aux = gate ? in.d_logits_aux.as<const float>() : nullptr;
+    p.d_logits = gate ? nullptr : grads.d_router_logits.as<float>();
+    p.d_logits_split = gate ? ws.d_logits.as<kb::bf16>() : nullptr;
+    p.tokens = T;
+    p.experts = int(E), p.experts_padded = int(plan.experts_padded()), p.topk = int(s.topk);
+    p.sigmoid = opt.scoring == Scoring::sigmoid;
+    p.renormalize = opt.renormalize;
+    p.scale = opt.routed_scaling_factor;
+    launch_pdl("router_grad_kernel", kb::router_grad_kernel, dim3(unsigned(cdiv(T, kb::kRouterWarps))),
+               dim3(kb::kRouterWarps * 32), 0, stream, p);
+  }
+  if (gate) {
+    kb::GateGradParams p{};
+    p.d_logits_split = ws.d_logits.as<const kb::bf16>();
+    p.x = x;
+    p.w_gate = in.w_gate.data;
+    p.w_gate_f32 = in.w_gate.dtype == DType::f32;
+    p.tokens = T, p.hidden = H;
+    p.experts = int(E), p.experts_padded = int(plan.experts_padded());
+    p.splits = plan.gate_splits;
+    p.d_w_gate = weight_out(grads.d_w_gate, ws.gate_partials, plan.gate_splits, false, E, H, 1);
+    p.dx_router = ws.dx_router.as<float>();
+    launch_pdl("d_w_gate_kernel", kb::d_w_gate_kernel,
+               dim3(unsigned(cdiv(E, 64) * cdiv(H, 64)), 1, unsigned(plan.gate_splits)), dim3(kb::kThreads), 0,
+               stream, p);
+    if (plan.gate_splits > 1) launch_split_sum(ws.gate_partials, plan.gate_splits, grads.d_w_gate, false, stream);
+    if (o.input_grad)
+      launch_pdl("dx_router_kernel", p.w_gate_f32 ? kb::dx_router_kernel<true> : kb::dx_router_kernel<false>,
+                 dim3(unsigned(cdiv(T, 64)), unsigned(cdiv(H, 64))), dim3(kb::kThreads), 0, stream, p);
+  }
+
+  // 5. dx.
+  if (o.input_grad) {
+    kb::RaggedParams p{};
+    p.layout = layout;
+    p.a = ws.dh.as<const kb::bf16>(), p.a_stride = 2 * F;
+    p.b = w13, p.b_expert_stride = 2 * F * H;
+    p.k_dim = 2 * F, p.n_dim = H, p.inter = F;
+    p.splits = plan.dx_splits;
+    p.k_tiles_per_split = cdiv(cdiv(2 * F, kb::kTileK), plan.dx_splits);
+    p.dx_rows = ws.dx_rows.as<kb::bf16>();
+    p.dx_partials = ws.dx_partials.as<float>();
+    launch_ragged("dx_gemm_kernel", kb::dx_gemm_kernel<16>, kb::dx_gemm_kernel<64>, plan, cdiv(H, kb::kRaggedTileN),
+                  plan.dx_splits, p, stream);
+    kb::DxCombineParams c{};
+    c.dx_rows = ws.dx_rows.as<const kb::bf16>();
+    c.dx_partials = ws.dx_partials.as<const float>();
+    c.dx_router = gate ? ws.dx_router.as<const float>() : nullptr;
+    c.topk_ids = in.topk_ids.as<const int32_t>();
+    c.dx = grads.dx.as<kb::bf16>();
+    c.tokens = T, c.hidden = H;
+    c.topk = int(s.topk), c.splits = plan.dx_splits, c.experts = int(E);
+    launch_pdl("dx_combine_kernel", kb::dx_combine_kernel, dim3(unsigned(cdiv(T * (H / 8), kb::kReduceThreads))),
+               dim3(kb::kReduceThreads), 0, stream, c);
+  }
+
+  // 6. dW2 and dW13.
+  if (o.weight_grads) {
+    const kb::RowStartParams r{in.expert_counts.as<const int32_t>(), ws.expert_row_start.as<int32_t>(), int(E),
+                               plan.block_m};
+    launch_pdl("expert_row_start_kernel", kb::expert_row_start_kernel, dim3(1), dim3(32), 0, stream, r);
+    const int S = plan.dw_splits;
+    const bool acc = o.accumulate_weight_grads;
+    kb::WeightGradParams p{};
+    p.layout = layout;
+    p.expert_row_start = ws.expert_row_start.as<const int32_t>();
+    p.expert_counts = in.expert_counts.as<const int32_t>();
+    p.splits = S;
+    // dW2_e [H, F] = Σ_r dy_tᵀ·act_w[r]: M = H from dy by token, N = F from act_w.
+    p.a = kb::SortedOperand{dy, H, true};
+    p.b = kb::SortedOperand{ws.act_w.as<const kb::bf16>(), F, false};
+    p.out = weight_out(grads.dw2, ws.dw2_partials, S, acc, H, F, E);
+    launch_pdl("weight_grad_kernel", kb::weight_grad_kernel,
+               dim3(unsigned(cdiv(H, kb::kWeightTile) * cdiv(F, kb::kWeightTile)), unsigned(E), unsigned(S)),
+               dim3(kb::kThreads), 0, stream, p);
+    // dW13_e [2F, H] = Σ_r dh[r]ᵀ·x_t: M = 2F from dh, N = H from x by token.
+    p.a = kb::SortedOperand{ws.dh.as<const kb::bf16>(), 2 * F, false};
+    p.b = kb::SortedOperand{x, H, true};
+    p.out = weight_out(grads.dw13, ws.dw13_partials, S, acc, 2 * F, H, E);
+    launch_pdl("weight_grad_kernel", kb::weight_grad_kernel,
+               dim3(unsigned(cdiv(2 * F, kb::kWeightTile) * cdiv(H, kb::kWeightTile)), unsigned(E), unsigned(S)),
+               dim3(kb::kThreads), 0, stream, p);
+    if (S > 1) {
+      launch_split_sum(ws.dw2_partials, S, grads.dw2, acc, stream);
+      launch_split_sum(ws.dw13_partials, S, grads.dw13, acc, stream);
+    }
+  }
+  nvtxRangePop();
+}
+
+}  // namespace moekit

@@ -1,0 +1,224 @@
+// backward_test.cu — moe_backward on the GPU against the oracle (ref::moe_backward,
+// ref::router_backward), within the bounds derived in backward_util.hpp: small model-scaled layers
+// and partial tiles, both SavedActivations modes, the decode (16-row) and prefill (64-row) kernels
+// over layouts of block_m 16, 64 and 128, adversarial routings (every token on two experts, empty
+// experts, counts 0, 1, block_m, block_m + 1, one token, ids outside [0, E)), split-K of dx, dW and
+// d_w_gate, each RouterGrad mode, f32 dW accumulated into main_grad, T = 0; poisoned outputs and
+// workspace; bitwise determinism run to run and through a CUDA graph.
+//   build/tests/moekit_gpu_tests --gtest_filter='BackwardTest.*'
+#include <string>
+
+#include "backward_util.hpp"
+
+namespace moekit::test {
+namespace {
+
+// plan_forward's layout (block_m 0), or the first compiled mma.sync config of that block_m for both
+// GEMMs: layouts of 64 and 128 rows at shapes the planner would give 16-row blocks.
+ForwardPlan forward_plan(const MoeShape& s, int block_m = 0) {
+  if (block_m == 0) return plan_forward(s, query_device());
+  for (const GemmConfig& c : compiled_gemm_configs(Precision::bf16))
+    if (c.block_m == block_m && c.kernel == GemmKernel::mma_sync) return plan_forward_with(s, c, c);
+  ADD_FAILURE() << "no compiled mma.sync config of block_m " << block_m;
+  return plan_forward(s, query_device());
+}
+
+BackwardOptions options(SavedActivations saved = SavedActivations::recompute, RouterGrad router = RouterGrad::none) {
+  BackwardOptions o;
+  o.saved = saved;
+  o.router = router;
+  return o;
+}
+
+std::string name_of(const MoeShape& s, int block_m, const BackwardOptions& o, uint64_t seed) {
+  return "T=" + std::to_string(s.tokens) + " H=" + std::to_string(s.hidden) + " F=" + std::to_string(s.inter) +
+         " E=" + std::to_string(s.experts) + " k=" + std::to_string(s.topk) + " block_m=" + std::to_string(block_m) +
+         " saved=" + saved_activations_name(o.saved) + " router=" + router_grad_name(o.router) + " seed " +
+         std::to_string(seed);
+}
+
+class BackwardTest : public GpuTest {
+ protected:
+  // One backward of a fresh case, checked; the run is returned for more checks.
+  void check(const MoeShape& s, int block_m, const BackwardOptions& o, const RouterOptions& opt = {},
+             std::vector<int32_t> ids = {}, DType w_gate_dtype = DType::bf16, bool aux = false, bool pass_d_topk = true) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(name_of(s, block_m, o, seed));
+    std::mt19937_64 rng(seed);
+    Case c = make_case(s, rng, o.router, opt, w_gate_dtype, std::move(ids));
+    if (aux) c.aux = random_f32(size_t(s.tokens * s.experts), rng, 0.1f);
+    BackwardRun run(forward_plan(s, block_m), o, std::move(c), stream, rng, pass_d_topk);
+    check_outputs(run, run.run(stream));
+  }
+};
+
+RouterOptions softmax_renorm() {
+  RouterOptions o;
+  o.renormalize = true;
+  return o;
+}
+RouterOptions sigmoid_grouped() {  // DeepSeek-V3's kind: sigmoid, 4 groups keep 2, renormalised, scaled
+  RouterOptions o;
+  o.scoring = Scoring::sigmoid;
+  o.renormalize = true;
+  o.n_group = 4;
+  o.topk_group = 2;
+  o.routed_scaling_factor = 2.5f;
+  return o;
+}
+
+TEST_F(BackwardTest, MatchesTheOracle) {
+  for (SavedActivations saved : {SavedActivations::recompute, SavedActivations::h}) {
+    // 16-row layouts (the planner's at 8 rows an expert) and the 64-row kernels over 64- and
+    // 128-row layouts of the same layer.
+    for (int block_m : {0, 64, 128}) check({33, 256, 128, 8, 2}, block_m, options(saved));
+    // Partial tiles everywhere: H = 200 and F = 72 (not multiples of 64), E = 6.
+    for (int block_m : {16, 0}) check({45, 200, 72, 6, 2}, block_m, options(saved));
+    // The planner's prefill layout (block_m 128, wgmma forward configs).
+    check({300, 256, 128, 8, 2}, 0, options(saved));
+  }
+}
+
+TEST_F(BackwardTest, AdversarialRoutings) {
+  std::mt19937_64 rng(fresh_seed());
+  const MoeShape s{40, 256, 128, 8, 2};
+  // Every token on experts 7 and 0, the other six empty (their dW exactly 0); a quarter of the
+  // experts used.
+  for (int block_m : {16, 128}) {
+    check(s, block_m, options(), {}, make_routing(RoutingKind::AllOnOne, s.tokens, s.topk, s.experts, rng));
+    check(s, block_m, options(), {}, make_routing(RoutingKind::EmptyExperts, s.tokens, s.topk, s.experts, rng));
+  }
+  // Counts 0, 1, block_m and block_m + 1 (and their neighbours) in one layout of each block_m.
+  for (int block_m : {16, 32, 64, 128}) {
+    const int64_t b = block_m;
+    const std::vector<int64_t> counts{0, 1, b, b + 1, 0, 2, b - 1, 5};
+    int64_t sum = 0;
+    for (int64_t n : counts) sum += n;
+    const MoeShape cs{sum / 2, 256, 128, 8, 2};
+    check(cs, block_m, options(SavedActivations::h), {}, routing_with_counts(counts, 2));
+  }
+  // One token: k = 2 of 8 experts, and k = 8 (every expert one row).
+  check({1, 256, 128, 8, 2}, 0, options());
+  check({1, 256, 128, 8, 8}, 0, options(SavedActivations::h));
+}
+
+// Ids outside [0, E) have no row (align skips them and reports it in ws.status): no gradient, and
+// dx of their tokens sums their other slots.
+TEST_F(BackwardTest, OutOfRangeIdsHaveNoGradient) {
+  std::mt19937_64 rng(fresh_seed());
+  const MoeShape s{20, 256, 128, 8, 2};
+  std::vector<int32_t> ids = make_routing(RoutingKind::Uniform, s.tokens, s.topk, s.experts, rng);
+  ids[3] = int32_t(s.experts);
+  ids[10] = -1;
+  check(s, 0, options(), {}, ids);
+}
+
+TEST_F(BackwardTest, RouterGradients) {
+  const MoeShape s{40, 256, 128, 16, 4};
+  RouterOptions plain;  // softmax without renormalisation: unchosen experts get gradient too
+  for (const RouterOptions& opt : {plain, softmax_renorm(), sigmoid_grouped()}) {
+    check(s, 0, options(SavedActivations::recompute, RouterGrad::logits), opt);
+    check(s, 0, options(SavedActivations::h, RouterGrad::gate), opt, {}, DType::bf16, /*aux=*/true);
+    check(s, 0, options(SavedActivations::recompute, RouterGrad::gate), opt, {}, DType::f32);
+  }
+  // E = 6 (d_logits padded to 8 columns), d_topk_weights left to the workspace, no dx.
+  BackwardOptions no_dx = options(SavedActivations::recompute, RouterGrad::gate);
+  no_dx.input_grad = false;
+  RouterOptions sigmoid_scaled;
+  sigmoid_scaled.scoring = Scoring::sigmoid;
+  sigmoid_scaled.routed_scaling_factor = 2.5f;
+  check({33, 256, 128, 6, 2}, 0, options(SavedActivations::recompute, RouterGrad::gate), softmax_renorm(), {},
+        DType::f32, true, /*pass_d_topk=*/false);
+  check({33, 256, 128, 6, 2}, 0, no_dx, sigmoid_scaled, {}, DType::bf16, false, false);
+}
+
+TEST_F(BackwardTest, F32WeightGradsAccumulated) {
+  for (bool accumulate : {false, true}) {
+    BackwardOptions o = options();
+    o.weight_grad_dtype = DType::f32;
+    o.accumulate_weight_grads = accumulate;
+    check({33, 256, 128, 8, 2}, 0, o);
+    check({1024, 256, 128, 4, 2}, 0, o);  // dw_splits 2: the split sum accumulates
+  }
+}
+
+TEST_F(BackwardTest, OptionSubsets) {
+  const MoeShape s{33, 256, 128, 8, 2};
+  for (int grads = 0; grads < 3; ++grads) {  // dx only, dW only, d_topk_weights only
+    BackwardOptions o = options(SavedActivations::h);
+    o.input_grad = grads == 0;
+    o.weight_grads = grads == 1;
+    check(s, 0, o);
+  }
+}
+
+// Split-K of dx (decode: few tiles, K = 2F deep), of dW (few experts, many rows each) and of
+// d_w_gate (K = T): each checked against the oracle, then bitwise equal over three more runs.
+TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
+  struct Shape {
+    MoeShape s;
+    RouterGrad router;
+  };
+  for (const Shape& sh : {Shape{{4, 256, 1024, 8, 2}, RouterGrad::logits}, Shape{{1024, 256, 128, 4, 2}, RouterGrad::gate}}) {
+    const uint64_t seed = fresh_seed();
+    const BackwardOptions o = options(SavedActivations::recompute, sh.router);
+    SCOPED_TRACE(name_of(sh.s, 0, o, seed));
+    std::mt19937_64 rng(seed);
+    BackwardRun run(forward_plan(sh.s), o, make_case(sh.s, rng, sh.router, softmax_renorm()), stream, rng);
+    if (sh.router == RouterGrad::logits) {
+      EXPECT_GT(run.plan.dx_splits, 1) << run.plan.str();
+    } else {
+      EXPECT_GT(run.plan.dw_splits, 1) << run.plan.str();
+      EXPECT_GT(run.plan.gate_splits, 1) << run.plan.str();
+    }
+    const Outputs first = run.run(stream);
+    check_outputs(run, first);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(run.run(stream) == first) << "run " << i << " differs";
+  }
+}
+
+// The whole backward captured once (global mode: a sync or allocation inside fails) and replayed
+// on new dy in the same buffers: each replay matches the oracle and an eager run, bitwise.
+TEST_F(BackwardTest, CudaGraphCaptureAndReplay) {
+  for (int64_t T : {16, 300}) {  // the 16-row and the 64-row kernels
+    const uint64_t seed = fresh_seed();
+    const MoeShape s{T, 256, 128, 8, 2};
+    BackwardOptions o = options(SavedActivations::recompute, RouterGrad::gate);
+    SCOPED_TRACE(name_of(s, 0, o, seed));
+    std::mt19937_64 rng(seed);
+    BackwardRun run(forward_plan(s), o, make_case(s, rng, RouterGrad::gate, softmax_renorm()), stream, rng);
+    run.run(stream);  // one eager call first, as for every captured moekit entry
+    const CapturedGraph graph(stream, [&] { run.enqueue(stream); });
+    for (int replay = 0; replay < 2; ++replay) {
+      run.c.dy = random_bf16(run.c.dy.size(), rng);
+      run.dy.upload(run.c.dy);
+      run.poison();
+      graph.launch(stream);
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const Outputs replayed = run.download();
+      check_outputs(run, replayed);
+      ASSERT_TRUE(run.run(stream) == replayed) << "replay " << replay << " differs from an eager run";
+    }
+  }
+}
+
+// T = 0: nothing to route; the weights' gradients are exact zeros, or untouched when accumulated.
+TEST_F(BackwardTest, EmptyBatch) {
+  std::mt19937_64 rng(fresh_seed());
+  const MoeShape s{0, 256, 128, 8, 2};
+  for (bool accumulate : {false, true}) {
+    BackwardOptions o = options(SavedActivations::recompute, RouterGrad::gate);
+    o.weight_grad_dtype = DType::f32;
+    o.accumulate_weight_grads = accumulate;
+    BackwardRun run(forward_plan(s), o, make_case(s, rng, RouterGrad::gate), stream, rng);
+    const Outputs out = run.run(stream);
+    auto zeros = [](const std::vector<unsigned char>& v) {
+      return std::all_of(v.begin(), v.end(), [](unsigned char b) { return b == 0; });
+    };
+    EXPECT_TRUE(accumulate ? out.dw13 == run.dw_init13 && out.dw2 == run.dw_init2 : zeros(out.dw13) && zeros(out.dw2));
+    EXPECT_TRUE(zeros(out.d_w_gate));
+  }
+}
+
+}  // namespace
+}  // namespace moekit::test

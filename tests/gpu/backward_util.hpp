@@ -1,0 +1,365 @@
+// backward_util.hpp — the harness of the backward's GPU tests (backward_test.cu): one layer's host
+// inputs, a device run of moe_backward on them (the forward's layout from align, h computed on the
+// host for SavedActivations::h, poisoned outputs and workspace), and the check of every gradient
+// against the oracle (ref::moe_backward, ref::router_backward) within the bounds derived here.
+//
+// The bounds. u = 2^-8 is bf16's unit roundoff (8 significant bits, round to nearest:
+// |x − bf16(x)| <= u·|x|); over model-scaled values a rounding's error is close to uniform, RMS
+// ≈ 0.43u relative (u/√3 times E[1/m²]^½ = 0.74 over log-uniform mantissas m). The kernels' FP32
+// sums of exact bf16 products add about 2^-24·√K: nothing next to these. So the errors are the
+// bf16 roundings of h, act_w, dh and of the outputs (x, dy ~ N(0,1), w13 ~ N(0,1/H), w2 ~ N(0,1/F)
+// make g, u ~ N(0,1)):
+//   act = silu(g)·u from bf16 g and u: u's rounding, and g's through silu (d ln silu/d ln g =
+//       1 + g·(1 − σ(g)), about 1 here): ≈ 0.6u RMS an element.
+//   dw = ⟨D, act⟩: act's errors, independent over the F terms, give |error| ≈ 0.6u·‖D ⊙ act‖, a
+//       dot product's error measured against its terms, not its sum (which may cancel: one token's
+//       two weights could be near 0). The norm of the errors over the assignments is held to
+//       kDwTol·‖(‖D ⊙ act‖)_a‖; 4u is ~6x the estimate.
+//   dh: dg = w·D·u·silu'(g) (rounded g enters through g·silu''/silu', ≈ 0.3 RMS), du = w·D·silu(g),
+//       then rounded: ≈ 0.65u. dx = Σ dh·W13 and its rounding: ≈ 0.8u. dW13 = Σ dhᵀ·x: ≈ 0.8u with a
+//       bf16 output (the errors of dh are independent over rows, so they do not grow with the sum).
+//       dW2 = Σ dyᵀ·bf16(w·act): ≈ 0.75u, ≈ 0.9u in bf16. Each relative norm within 4u: ~5x.
+//   Router, fed the GPU's own d_topk_weights (so only its FP32 arithmetic is measured): a few ulps
+//       of expf and the warp sums over <= 512 experts, ~1e-6 of the norm: kRouterTol = 2^-14.
+//   d_w_gate: d_logits as bf16 hi + lo is d within 2^-16 and the products with bf16 x are exact:
+//       ~2^-17 of the norm in f32 (kGateTolF32 = 2^-12); bf16 out adds <= u an element (2^-7).
+//   dx with the gate's part: that part is within ~2^-16, so dx keeps its 4u.
+// Every kind of indexing fault (a wrong row, expert, weight, slot or tile) is O(1) above these.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "gpu_util.hpp"
+#include "moekit/backward.hpp"
+
+namespace moekit::test {
+
+constexpr double kU = 1.0 / 256;
+constexpr double kDwTol = 4 * kU;
+constexpr double kDxTol = 4 * kU;
+constexpr double kWeightGradTol = 4 * kU;
+constexpr double kRouterTol = 1.0 / 16384;
+constexpr double kGateTolF32 = 1.0 / 4096;
+constexpr double kGateTolBf16 = 2 * kU;
+
+// One layer's host inputs: model-scaled random values (x, dy ~ N(0,1); w13 ~ N(0, 1/H); w2 ~ N(0,
+// 1/F); routing weights in (0, 1]). With a router gradient the routing is route()'s of the logits
+// (x·w_gateᵀ with ::gate, else N(0, 1)); without, the given ids or a uniform routing.
+struct Case {
+  MoeShape s;
+  RouterGrad router = RouterGrad::none;
+  RouterOptions opt;
+  std::vector<int32_t> ids;     // [T, k]
+  std::vector<float> weights;   // [T, k]
+  std::vector<float> logits;    // [T, E]: router != none
+  std::vector<float> aux;       // [T, E] or empty: d_logits_aux (gate)
+  std::vector<ref::bf16> x, w13, w2, dy;
+  DType w_gate_dtype = DType::bf16;
+  std::vector<ref::bf16> w_gate;    // [E, H] (bf16)
+  std::vector<float> w_gate_f32;    // [E, H] (f32)
+  const void* w_gate_ptr() const {
+    return w_gate_dtype == DType::f32 ? static_cast<const void*>(w_gate_f32.data()) : w_gate.data();
+  }
+};
+
+inline Case make_case(const MoeShape& s, std::mt19937_64& rng, RouterGrad router = RouterGrad::none,
+                      const RouterOptions& opt = {}, DType w_gate_dtype = DType::bf16, std::vector<int32_t> ids = {}) {
+  Case c;
+  c.s = s, c.router = router, c.opt = opt, c.w_gate_dtype = w_gate_dtype;
+  const int64_t T = s.tokens, H = s.hidden, F = s.inter, E = s.experts, k = s.topk;
+  c.x = random_bf16(size_t(T * H), rng);
+  c.w13 = random_bf16(size_t(E * 2 * F * H), rng, 1.0f / std::sqrt(float(H)));
+  c.w2 = random_bf16(size_t(E * H * F), rng, 1.0f / std::sqrt(float(F)));
+  c.dy = random_bf16(size_t(T * H), rng);
+  if (router == RouterGrad::none) {
+    c.ids = ids.empty() ? make_routing(RoutingKind::Uniform, T, k, E, rng) : std::move(ids);
+    c.weights.resize(size_t(T * k));
+    for (float& w : c.weights) w = float(rng() % 1000 + 1) / 1000.0f;
+    return c;
+  }
+  if (router == RouterGrad::gate) {
+    if (w_gate_dtype == DType::f32) c.w_gate_f32 = random_f32(size_t(E * H), rng, 1.0f / std::sqrt(float(H)));
+    else c.w_gate = random_bf16(size_t(E * H), rng, 1.0f / std::sqrt(float(H)));
+    c.logits = ref::router_logits(c.x.data(), c.w_gate_ptr(), w_gate_dtype, T, H, E);
+  } else {
+    c.logits = random_f32(size_t(T * E), rng);
+  }
+  const ref::Routing r = ref::route(c.logits.data(), nullptr, T, E, k, opt);
+  c.ids = r.ids, c.weights = r.weights;
+  return c;
+}
+
+// g | u of token t through expert e, in double. [2F]
+inline std::vector<double> gate_up(const Case& c, int64_t t, int64_t e) {
+  const int64_t H = c.s.hidden, F = c.s.inter;
+  std::vector<double> gu(size_t(2 * F), 0.0);
+  for (int64_t n = 0; n < 2 * F; ++n)
+    for (int64_t i = 0; i < H; ++i)
+      gu[size_t(n)] += double(ref::to_float(c.x[size_t(t * H + i)])) * ref::to_float(c.w13[size_t((e * 2 * F + n) * H + i)]);
+  return gu;
+}
+
+// ‖D ⊙ act‖ of each assignment (0 for an id outside [0, E)): the scale of dw's rounding error.
+inline std::vector<double> dw_term_scale(const Case& c) {
+  const int64_t H = c.s.hidden, F = c.s.inter, E = c.s.experts, k = c.s.topk;
+  std::vector<double> scale(c.ids.size(), 0.0);
+  ref::parallel_for(int64_t(c.ids.size()), [&](int64_t a) {
+    const int64_t t = a / k, e = c.ids[size_t(a)];
+    if (e < 0 || e >= E) return;
+    const std::vector<double> gu = gate_up(c, t, e);
+    double s2 = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      double d = 0;
+      for (int64_t i = 0; i < H; ++i)
+        d += double(ref::to_float(c.dy[size_t(t * H + i)])) * ref::to_float(c.w2[size_t((e * H + i) * F + f)]);
+      const double g = gu[size_t(f)], act = g / (1.0 + std::exp(-g)) * gu[size_t(F + f)];
+      s2 += d * act * d * act;
+    }
+    scale[size_t(a)] = std::sqrt(s2);
+  });
+  return scale;
+}
+
+inline std::vector<double> values_of(const std::vector<unsigned char>& raw, DType dtype) {
+  std::vector<double> v;
+  if (dtype == DType::f32) {
+    std::vector<float> f(raw.size() / 4);
+    std::memcpy(f.data(), raw.data(), raw.size());
+    v.assign(f.begin(), f.end());
+  } else {
+    std::vector<ref::bf16> b(raw.size() / 2);
+    std::memcpy(b.data(), raw.data(), raw.size());
+    v = to_double(b);
+  }
+  return v;
+}
+
+// What one backward leaves, copied back (raw bytes where the dtype varies).
+struct Outputs {
+  std::vector<ref::bf16> dx;
+  std::vector<unsigned char> dw13, dw2, d_w_gate;
+  std::vector<float> d_topk, d_router_logits;
+  bool operator==(const Outputs&) const = default;
+};
+
+// The device side of one case: inputs, the forward's layout (align on the device), the outputs and
+// a workspace, and moe_backward over them.
+struct BackwardRun {
+  Case c;
+  ForwardPlan fwd;
+  BackwardPlan plan;
+  DeviceBuffer<ref::bf16> x, w13, w2, dy, h, dx;
+  DeviceBuffer<float> weights, logits, aux, d_topk, d_router_logits;
+  DeviceBuffer<int32_t> ids;
+  DeviceBuffer<unsigned char> w_gate, fwd_ws, bwd_ws, dw13, dw2, d_w_gate;
+  std::vector<unsigned char> dw_init13, dw_init2;  // accumulate: the f32 main_grad before the step
+  BackwardInputs in;
+  BackwardGrads grads;
+
+  template <class T>
+  static DeviceBuffer<T> on_device(const std::vector<T>& host) {  // an empty vector: no buffer
+    return host.empty() ? DeviceBuffer<T>() : DeviceBuffer<T>(host);
+  }
+  static DeviceBuffer<unsigned char> bytes_of(const void* p, size_t n) {
+    DeviceBuffer<unsigned char> b(n);
+    if (n) MK_CUDA_CHECK(cudaMemcpy(b.ptr, p, n, cudaMemcpyHostToDevice));
+    return b;
+  }
+
+  // pass_d_topk: give grads.d_topk_weights (required with RouterGrad::none; else the workspace's is used).
+  BackwardRun(const ForwardPlan& f, const BackwardOptions& o, Case c_, cudaStream_t stream, std::mt19937_64& rng,
+              bool pass_d_topk = true)
+      : c(std::move(c_)), fwd(f), plan(plan_backward(f, query_device(), o)), x(on_device(c.x)), w13(on_device(c.w13)),
+        w2(on_device(c.w2)), dy(on_device(c.dy)), weights(on_device(c.weights)), logits(on_device(c.logits)),
+        aux(on_device(c.aux)), ids(on_device(c.ids)) {
+    const MoeShape& s = c.s;
+    const int64_t T = s.tokens, H = s.hidden, F = s.inter, E = s.experts, k = s.topk;
+    fwd_ws = DeviceBuffer<unsigned char>(workspace_bytes(fwd));
+    fwd_ws.poison();
+    const Workspace ws = carve_workspace(fwd, fwd_ws.ptr, fwd_ws.count);
+    align(fwd, Tensor(ids.ptr, DType::i32, {T, k}), ws, stream);
+    in.x = Tensor(x.ptr, DType::bf16, {T, H});
+    in.w13 = Tensor(w13.ptr, DType::bf16, {E, 2 * F, H});
+    in.w2 = Tensor(w2.ptr, DType::bf16, {E, H, F});
+    in.topk_ids = Tensor(ids.ptr, DType::i32, {T, k});
+    in.topk_weights = Tensor(weights.ptr, DType::f32, {T, k});
+    in.sorted_ids = ws.sorted_ids, in.block_expert = ws.block_expert;
+    in.num_rows_padded = ws.num_rows_padded, in.expert_counts = ws.expert_counts;
+    in.dy = Tensor(dy.ptr, DType::bf16, {T, H});
+    if (o.saved == SavedActivations::h) upload_h(ws, stream);
+    if (c.router != RouterGrad::none) in.router_logits = Tensor(logits.ptr, DType::f32, {T, E});
+    if (c.router == RouterGrad::gate) {
+      const size_t n = size_t(E * H) * size_t(dtype_bytes(c.w_gate_dtype));
+      w_gate = bytes_of(c.w_gate_ptr(), n);
+      in.w_gate = Tensor(w_gate.ptr, c.w_gate_dtype, {E, H});
+      if (!c.aux.empty()) in.d_logits_aux = Tensor(aux.ptr, DType::f32, {T, E});
+      d_w_gate = DeviceBuffer<unsigned char>(n);
+      grads.d_w_gate = Tensor(d_w_gate.ptr, c.w_gate_dtype, {E, H});
+    }
+    if (o.input_grad) {
+      dx = DeviceBuffer<ref::bf16>(size_t(T * H));
+      grads.dx = Tensor(dx.ptr, DType::bf16, {T, H});
+    }
+    if (o.weight_grads) {
+      const DType d = o.weight_grad_dtype;
+      dw13 = DeviceBuffer<unsigned char>(size_t(E * 2 * F * H * dtype_bytes(d)));
+      dw2 = DeviceBuffer<unsigned char>(size_t(E * H * F * dtype_bytes(d)));
+      grads.dw13 = Tensor(dw13.ptr, d, {E, 2 * F, H});
+      grads.dw2 = Tensor(dw2.ptr, d, {E, H, F});
+      if (o.accumulate_weight_grads) {  // main_grad of the gradients' magnitude, so its rounding stays small
+        auto init = [&](size_t n) {
+          const std::vector<float> v = random_f32(n, rng);
+          std::vector<unsigned char> b(n * 4);
+          std::memcpy(b.data(), v.data(), b.size());
+          return b;
+        };
+        dw_init13 = init(size_t(E * 2 * F * H)), dw_init2 = init(size_t(E * H * F));
+      }
+    }
+    if (pass_d_topk || c.router == RouterGrad::none) {
+      d_topk = DeviceBuffer<float>(size_t(T * k));
+      grads.d_topk_weights = Tensor(d_topk.ptr, DType::f32, {T, k});
+    }
+    if (c.router == RouterGrad::logits) {
+      d_router_logits = DeviceBuffer<float>(size_t(T * E));
+      grads.d_router_logits = Tensor(d_router_logits.ptr, DType::f32, {T, E});
+    }
+    bwd_ws = DeviceBuffer<unsigned char>(backward_workspace_bytes(plan));
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+
+  // h as the forward's up GEMM would keep it: g | u of each sorted row in bf16 (poison elsewhere).
+  void upload_h(const Workspace& ws, cudaStream_t stream) {
+    const int64_t F = c.s.inter, k = c.s.topk, TK = c.s.tokens * k, rows = plan.max_rows();
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<int32_t> sorted(static_cast<size_t>(rows)), used(1);
+    MK_CUDA_CHECK(cudaMemcpy(sorted.data(), ws.sorted_ids.data, size_t(rows) * 4, cudaMemcpyDeviceToHost));
+    MK_CUDA_CHECK(cudaMemcpy(used.data(), ws.num_rows_padded.data, 4, cudaMemcpyDeviceToHost));
+    std::vector<ref::bf16> host(size_t(rows * 2 * F), 0xffff);
+    ref::parallel_for(used[0], [&](int64_t r) {
+      const int64_t a = sorted[size_t(r)];
+      if (a >= TK) return;
+      const std::vector<double> gu = gate_up(c, a / k, c.ids[size_t(a)]);
+      for (int64_t n = 0; n < 2 * F; ++n) host[size_t(r * 2 * F + n)] = ref::to_bf16(float(gu[size_t(n)]));
+    });
+    h = DeviceBuffer<ref::bf16>(host);
+    in.h = Tensor(h.ptr, DType::bf16, {rows, 2 * F});
+  }
+
+  // Poisoned outputs and workspace (all bits set: NaN), main_grad reset when accumulating.
+  void poison() {
+    for (DeviceBuffer<unsigned char>* b : {&bwd_ws, &dw13, &dw2, &d_w_gate}) b->poison();
+    dx.poison(), d_topk.poison(), d_router_logits.poison();
+    if (!dw_init13.empty()) dw13.upload(dw_init13), dw2.upload(dw_init2);
+  }
+  void enqueue(cudaStream_t stream) const { moe_backward(plan, in, c.opt, grads, bwd_ws.ptr, bwd_ws.count, stream); }
+  Outputs run(cudaStream_t stream) {
+    poison();
+    enqueue(stream);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return download();
+  }
+  Outputs download() const {
+    Outputs o;
+    o.dx = dx.download(), o.dw13 = dw13.download(), o.dw2 = dw2.download(), o.d_w_gate = d_w_gate.download();
+    o.d_router_logits = d_router_logits.download();
+    if (grads.d_topk_weights.given()) {
+      o.d_topk = d_topk.download();
+    } else {  // the workspace's copy, which the router read
+      const BackwardWorkspace ws = carve_backward_workspace(plan, bwd_ws.ptr, bwd_ws.count);
+      o.d_topk.resize(size_t(ws.d_topk_weights.numel()));
+      MK_CUDA_CHECK(cudaMemcpy(o.d_topk.data(), ws.d_topk_weights.data, size_t(ws.d_topk_weights.bytes()),
+                               cudaMemcpyDeviceToHost));
+    }
+    return o;
+  }
+};
+
+// Each check's error over its bound (<= 1 passes), printed when MOEKIT_BACKWARD_ERRORS is set: how
+// much margin the bounds above leave on the device.
+inline void report_error(const char* what, double error, double bound) {
+  EXPECT_LE(error, bound) << what << " (error / bound " << error / bound << ")";
+  if (std::getenv("MOEKIT_BACKWARD_ERRORS")) std::printf("    %-16s %.3e  (%.3f of its bound)\n", what, error, error / bound);
+}
+
+// Every gradient the plan computes against the oracle, within the bounds above; dW of an expert with
+// no rows exactly 0 (or, accumulated, exactly the main_grad it had: dw_init13 / dw_init2, f32 bytes).
+inline void check_outputs(const Case& c, const BackwardPlan& plan, const std::vector<unsigned char>& dw_init13,
+                          const std::vector<unsigned char>& dw_init2, const Outputs& out) {
+  const MoeShape& s = c.s;
+  const BackwardOptions& o = plan.options;
+  const int64_t T = s.tokens, H = s.hidden, E = s.experts, k = s.topk;
+  SCOPED_TRACE(plan.str());
+  const ref::MoeGrads want = ref::moe_backward(s, c.x.data(), c.w13.data(), c.w2.data(), c.ids.data(),
+                                               c.weights.data(), c.dy.data());
+  std::vector<int64_t> counts(size_t(E), 0);
+  for (int32_t e : c.ids)
+    if (e >= 0 && e < E) ++counts[size_t(e)];
+
+  const std::vector<double> scale = dw_term_scale(c);
+  double err2 = 0, scale2 = 0;
+  for (size_t a = 0; a < c.ids.size(); ++a) {
+    if (c.ids[a] < 0 || c.ids[a] >= E) {
+      EXPECT_EQ(out.d_topk[a], 0.0f) << "assignment " << a << " has no expert, so no gradient";
+      continue;
+    }
+    const double d = double(out.d_topk[a]) - want.d_topk_weights[a];
+    err2 += d * d, scale2 += scale[a] * scale[a];
+  }
+  report_error("d_topk_weights", std::sqrt(err2) / std::sqrt(scale2), kDwTol);
+
+  ref::RouterGrads rg;
+  if (c.router != RouterGrad::none) {
+    const std::vector<double> d_topk(out.d_topk.begin(), out.d_topk.end());
+    ref::GateOperands g;
+    if (c.router == RouterGrad::gate)
+      g = ref::GateOperands{c.x.data(), c.w_gate_ptr(), c.w_gate_dtype, H, c.aux.empty() ? nullptr : c.aux.data()};
+    rg = ref::router_backward(d_topk.data(), c.logits.data(), c.ids.data(), T, E, k, c.opt, g);
+    if (c.router == RouterGrad::logits) {
+      const std::vector<double> got(out.d_router_logits.begin(), out.d_router_logits.end());
+      report_error("d_router_logits", ref::rel_norm_error(got, rg.d_logits), kRouterTol);
+    } else {
+      report_error("d_w_gate", ref::rel_norm_error(values_of(out.d_w_gate, c.w_gate_dtype), rg.d_w_gate),
+                   c.w_gate_dtype == DType::f32 ? kGateTolF32 : kGateTolBf16);
+    }
+  }
+  if (o.input_grad) {
+    std::vector<double> want_dx = want.dx;
+    if (c.router == RouterGrad::gate)
+      for (size_t i = 0; i < want_dx.size(); ++i) want_dx[i] += rg.dx[i];
+    report_error("dx", ref::rel_norm_error(to_double(out.dx), want_dx), kDxTol);
+  }
+  if (o.weight_grads) {
+    const DType d = o.weight_grad_dtype;
+    auto check_dw = [&](const char* name, const std::vector<unsigned char>& raw, const std::vector<unsigned char>& init,
+                        const std::vector<double>& ref_dw) {
+      std::vector<double> got = values_of(raw, d);
+      if (!init.empty()) {
+        const std::vector<double> before = values_of(init, DType::f32);
+        for (size_t i = 0; i < got.size(); ++i) got[i] -= before[i];
+      }
+      report_error(name, ref::rel_norm_error(got, ref_dw), kWeightGradTol);
+      const size_t per_expert = raw.size() / size_t(E);
+      for (int64_t e = 0; e < E; ++e) {
+        if (counts[size_t(e)] != 0) continue;
+        const unsigned char* p = raw.data() + size_t(e) * per_expert;
+        const bool exact = init.empty() ? std::all_of(p, p + per_expert, [](unsigned char b) { return b == 0; })
+                                        : std::memcmp(p, init.data() + size_t(e) * per_expert, per_expert) == 0;
+        EXPECT_TRUE(exact) << name << " of expert " << e << ", which has no rows, is not exactly "
+                           << (init.empty() ? "0" : "its main_grad");
+      }
+    };
+    check_dw("dw13", out.dw13, dw_init13, want.dw13);
+    check_dw("dw2", out.dw2, dw_init2, want.dw2);
+  }
+}
+inline void check_outputs(const BackwardRun& run, const Outputs& out) {
+  check_outputs(run.c, run.plan, run.dw_init13, run.dw_init2, out);
+}
+
+}  // namespace moekit::test
