@@ -36,7 +36,9 @@ using EpilogueOf = std::conditional_t<Cfg::kFp8 && M == Mode::Up, Fp8UpEpilogue<
 template <Mode M, class Cfg>
 __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, int32_t items, int32_t blocks,
                                         int32_t k_tiles) {
-  const int wg = int(threadIdx.x) / 128;  // consumer warpgroup 0 or 1
+  // Consumer warpgroup 0 or 1, broadcast from lane 0 so the compiler knows it is warp-uniform: the
+  // wgmma descriptors derived from it are then computed in uniform registers, not moved there.
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
   const uint64_t desc_a0 = make_desc_k_sw128(sm.a(0) + uint32_t(wg * kWgmmaM * kRowBytes));
   const uint64_t desc_b0 = make_desc_k_sw128(sm.b(0));
