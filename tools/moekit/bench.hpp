@@ -61,6 +61,11 @@ int run_bench_fp8(const BenchArgs& args, const std::string& command);
 int run_bench_ep(const BenchArgs& args, const std::string& command, int argc, char** argv);
 int run_check(const CheckArgs& args);
 
+// `n` distinct tokens of [0, T), always 0 and T-1 (the ends catch offset and bound bugs), the
+// rest drawn from the seed; every token when T <= n. Ascending. The tokens every oracle check
+// of `moekit bench` compares (check.cpp).
+std::vector<int64_t> sample_tokens(int64_t T, int n, uint64_t seed);
+
 // ---- check.cpp: a GPU forward pass against the CPU oracle ----------------------------------
 struct ForwardCheck {
   bool ok = false;
