@@ -90,8 +90,8 @@ Problem make_problem(const BackwardBaselineRequest& q) {
   p.act_w = DeviceBuffer(A * F * 2);
   p.dx_rows = DeviceBuffer(A * H * 2);
   for (const auto& [from, to] : {std::pair{&q.x, &p.xs}, std::pair{&q.dy, &p.dys}}) {
-    gather_rows_kernel<<<blocks_for(A * H / 8), kThreads, 0, q.stream>>>(from->as<const uint4>(), src.as<const int32_t>(),
-                                                                        to->as<uint4>(), A, H / 8);
+    gather_rows_kernel<<<blocks_for(A * H / 8), kThreads, 0, q.stream>>>(
+        from->as<const uint4>(), src.as<const int32_t>(), to->as<uint4>(), A, H / 8);
     MK_LAUNCH_CHECK("gather_rows_kernel");
   }
   MK_CUDA_CHECK(cudaStreamSynchronize(q.stream));  // `src` is freed when we return
@@ -159,7 +159,8 @@ double check_baseline(const BackwardBaselineRequest& q, const Problem& p) {
   const std::pair<size_t, int64_t> checked[] = {{0, 0}, {p.expert.size() - 1, A - 1}};  // (expert index, row)
   for (const auto& [i, r] : checked) {
     const int64_t e = p.expert[i];
-    const auto w13 = copy_to_host<bf16>(w13_of(q, p.s, 0, e), 2 * F * H), w2 = copy_to_host<bf16>(w2_of(q, p.s, 0, e), H * F);
+    const auto w13 = copy_to_host<bf16>(w13_of(q, p.s, 0, e), 2 * F * H);
+    const auto w2 = copy_to_host<bf16>(w2_of(q, p.s, 0, e), H * F);
     const auto x = copy_to_host<bf16>(row<bf16>(p.xs, r, H), H), dy = copy_to_host<bf16>(row<bf16>(p.dys, r, H), H);
     const auto h = copy_to_host<bf16>(row<bf16>(p.h, r, 2 * F), 2 * F), d = copy_to_host<bf16>(row<bf16>(p.d, r, F), F);
     const auto dh = copy_to_host<bf16>(row<bf16>(p.dh, r, 2 * F), 2 * F);
@@ -168,19 +169,20 @@ double check_baseline(const BackwardBaselineRequest& q, const Problem& p) {
     const double w = copy_to_host<float>(row<float>(p.weight, r, 1), 1)[0];
     std::vector<double> h_want(size_t(2 * F), 0.0), d_want(size_t(F), 0.0), dh_want(size_t(2 * F), 0.0),
         act_want(size_t(F), 0.0), dx_want(size_t(H), 0.0);
+    auto v = [](const std::vector<bf16>& b, int64_t i) { return double(ref::to_float(b[size_t(i)])); };
     for (int64_t n = 0; n < 2 * F; ++n)
-      for (int64_t c = 0; c < H; ++c) h_want[size_t(n)] += double(ref::to_float(x[size_t(c)])) * ref::to_float(w13[size_t(n * H + c)]);
+      for (int64_t c = 0; c < H; ++c) h_want[size_t(n)] += v(x, c) * v(w13, n * H + c);
     for (int64_t f = 0; f < F; ++f)
-      for (int64_t c = 0; c < H; ++c) d_want[size_t(f)] += double(ref::to_float(dy[size_t(c)])) * ref::to_float(w2[size_t(c * F + f)]);
+      for (int64_t c = 0; c < H; ++c) d_want[size_t(f)] += v(dy, c) * v(w2, c * F + f);
     for (int64_t f = 0; f < F; ++f) {
-      const double g = ref::to_float(h[size_t(f)]), u = ref::to_float(h[size_t(F + f)]);
-      const double sig = 1.0 / (1.0 + std::exp(-g)), dact = w * ref::to_float(d[size_t(f)]);
+      const double g = v(h, f), u = v(h, F + f);
+      const double sig = 1.0 / (1.0 + std::exp(-g)), dact = w * v(d, f);
       dh_want[size_t(f)] = dact * u * sig * (1.0 + g * (1.0 - sig));
       dh_want[size_t(F + f)] = dact * g * sig;
       act_want[size_t(f)] = w * g * sig * u;
     }
     for (int64_t n = 0; n < 2 * F; ++n)
-      for (int64_t c = 0; c < H; ++c) dx_want[size_t(c)] += double(ref::to_float(dh[size_t(n)])) * ref::to_float(w13[size_t(n * H + c)]);
+      for (int64_t c = 0; c < H; ++c) dx_want[size_t(c)] += v(dh, n) * v(w13, n * H + c);
     note(h, h_want), note(d, d_want), note(dh, dh_want), note(act_w, act_want), note(dx, dx_want);
   }
   // dW of the first expert: rows 0 and 2F-1 of dW13 (Σ_r dh[r, n]·x[r, :]), rows 0 and H-1 of dW2
@@ -222,11 +224,11 @@ BaselineResult run_backward_baseline(const BackwardBaselineRequest& q) {
   try {
     const Problem p = make_problem(q);
     const size_t n = p.expert.size();
-    r.note = "per touched expert: 5 cublasGemmEx, bf16 in and out, FP32 accumulate (h recomputed, D, dx_rows, dW2, dW13; " +
-             std::to_string(n) + " experts, " + std::to_string(5 * n) +
-             " launches); not timed: SwiGLU's backward (dh, act_w: once in setup), d_topk_weights, the router's gradient "
-             "and dx's sum over slots, and the x and dy rows gathered per expert: a lower bound of a per-expert library "
-             "backward";
+    r.note = "per touched expert: 5 cublasGemmEx, bf16 in and out, FP32 accumulate (h recomputed, D, dx_rows, dW2, "
+             "dW13; " + std::to_string(n) + " experts, " + std::to_string(5 * n) +
+             " launches); not timed: SwiGLU's backward (dh, act_w: once in setup), d_topk_weights, the router's "
+             "gradient and dx's sum over slots, and the x and dy rows gathered per expert: a lower bound of a "
+             "per-expert library backward";
     // Poisoned (0xffff: bf16 NaN), then the setup run: h and D, SwiGLU's backward, the gradients.
     for (const DeviceBuffer* b : {&p.h, &p.d, &p.dh, &p.act_w, &p.dx_rows})
       MK_CUDA_CHECK(cudaMemsetAsync(b->get(), 0xff, size_t(b->bytes()), q.stream));
@@ -234,10 +236,9 @@ BaselineResult run_backward_baseline(const BackwardBaselineRequest& q) {
     MK_CUDA_CHECK(cudaMemsetAsync(q.dw2.data, 0xff, size_t(q.dw2.bytes()), q.stream));
     for (size_t i = 0; i < n; ++i) h_and_d(q, p, 0, i);
     const int64_t A = p.s.assignments(), F = p.s.inter;
-    swiglu_backward_kernel<<<blocks_for(A * F), kThreads, 0, q.stream>>>(p.h.as<const __nv_bfloat16>(),
-                                                                        p.d.as<const __nv_bfloat16>(),
-                                                                        p.weight.as<const float>(), p.dh.as<__nv_bfloat16>(),
-                                                                        p.act_w.as<__nv_bfloat16>(), A, F);
+    swiglu_backward_kernel<<<blocks_for(A * F), kThreads, 0, q.stream>>>(
+        p.h.as<const __nv_bfloat16>(), p.d.as<const __nv_bfloat16>(), p.weight.as<const float>(),
+        p.dh.as<__nv_bfloat16>(), p.act_w.as<__nv_bfloat16>(), A, F);
     MK_LAUNCH_CHECK("swiglu_backward_kernel");
     for (size_t i = 0; i < n; ++i) grad_gemms(q, p, 0, i);
     r.check_err = check_baseline(q, p);

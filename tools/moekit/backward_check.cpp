@@ -48,8 +48,9 @@ std::vector<T> sampled_rows(const Tensor& t, const std::vector<int64_t>& tokens,
   std::vector<T> out(tokens.size() * size_t(row_elems));
   const int64_t row_bytes = row_elems * int64_t(sizeof(T));
   for (size_t i = 0; i < tokens.size(); ++i)
-    MK_CUDA_CHECK(cudaMemcpy(out.data() + i * size_t(row_elems), static_cast<const char*>(t.data) + tokens[i] * row_bytes,
-                             size_t(row_bytes), cudaMemcpyDeviceToHost));
+    MK_CUDA_CHECK(cudaMemcpy(out.data() + i * size_t(row_elems),
+                             static_cast<const char*>(t.data) + tokens[i] * row_bytes, size_t(row_bytes),
+                             cudaMemcpyDeviceToHost));
   return out;
 }
 
@@ -150,9 +151,9 @@ BackwardCheck check_backward(const GpuLayer& layer, const MoeShape& shape, const
     // compared, as the GPU tests do) and the logits the forward scored.
     const std::vector<double> d_topk_d(d_topk_gpu.begin(), d_topk_gpu.end());
     const std::vector<bf16> w_gate = copy_to_host<bf16>(layer.w_gate(0).data, E * H);
-    const ref::RouterGrads rg = ref::router_backward(d_topk_d.data(), logits.data(), ids.data(), n, E, k,
-                                                     layer.spec().router,
-                                                     ref::GateOperands{xs.data(), w_gate.data(), DType::bf16, H, nullptr});
+    const ref::GateOperands gate{xs.data(), w_gate.data(), DType::bf16, H, nullptr};
+    const ref::RouterGrads rg =
+        ref::router_backward(d_topk_d.data(), logits.data(), ids.data(), n, E, k, layer.spec().router, gate);
 
     int64_t worst = tokens[0];
     for (int64_t i = 0; i < n; ++i) {
@@ -166,8 +167,8 @@ BackwardCheck check_backward(const GpuLayer& layer, const MoeShape& shape, const
       if (err > r.dx_err_max) r.dx_err_max = err, worst = tokens[size_t(i)];
     }
     if (!(r.dx_err_max <= kBwdDxTol))
-      failures.push_back("dx of token " + std::to_string(worst) + " has relative norm error " + fmt("%.3e", r.dx_err_max) +
-                         " > " + fmt("%.2e", kBwdDxTol));
+      failures.push_back("dx of token " + std::to_string(worst) + " has relative norm error " +
+                         fmt("%.3e", r.dx_err_max) + " > " + fmt("%.2e", kBwdDxTol));
     double err2 = 0, scale2 = 0;
     for (size_t a = 0; a < d_topk_gpu.size(); ++a) {
       const double d = double(d_topk_gpu[a]) - d_topk_want[a];
@@ -185,7 +186,8 @@ BackwardCheck check_backward(const GpuLayer& layer, const MoeShape& shape, const
               std::to_string(r.experts_copied) + " expert slices copied; dx rel err max " + fmt("%.3e", r.dx_err_max) +
               " per token (bound " + fmt("%.2e", kBwdDxTol) + "); d_topk_weights err " + fmt("%.3e", r.d_topk_err) +
               " of their terms' norm (bound " + fmt("%.2e", kBwdDwTol) + "): " + (r.ok ? "OK" : "FAILED") +
-              "; dW13, dW2 and d_w_gate not checked here (each sums every token: tests/gpu/backward_test.cu holds them)";
+              "; dW13, dW2 and d_w_gate not checked here (each sums every token: tests/gpu/backward_test.cu "
+              "holds them)";
   for (const std::string& f : failures) r.summary += "\n  " + f;
   return r;
 }

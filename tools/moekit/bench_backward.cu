@@ -121,8 +121,8 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     MK_CUDA_CHECK(cudaMemsetAsync(t->data, 0xff, size_t(t->bytes()), s));
   MK_CUDA_CHECK(cudaMemsetAsync(bwd_buf.get(), 0xff, bwd_bytes, s));
   backward(0);  // also the one eager call a capture needs first
-  const BackwardCheck bchk =
-      check_backward(layer, shape, ws, xt, dyt, BackwardOutputs{dxt, bws.d_topk_weights}, args.check_tokens, args.seed, s);
+  const BackwardOutputs out{dxt, bws.d_topk_weights};
+  const BackwardCheck bchk = check_backward(layer, shape, ws, xt, dyt, out, args.check_tokens, args.seed, s);
   std::printf("%s\n", bchk.summary.c_str());
   if (!bchk.ok) return Outcome::check_failed;
   const std::vector<uint16_t> y_checked = copy_to_host<uint16_t>(y.get(), T * H);
@@ -168,7 +168,8 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   MK_CUDA_CHECK(cudaStreamSynchronize(s));
   bool ok = true;
   if (copy_to_host<uint16_t>(dx.get(), T * H) != dx_checked || copy_to_host<uint16_t>(y.get(), T * H) != y_checked) {
-    std::printf("DETERMINISM FAILED: dx or y after the timed runs differs from the checked one (T=%lld)\n", (long long)T);
+    std::printf("DETERMINISM FAILED: dx or y after the timed runs differs from the checked one (T=%lld)\n",
+                (long long)T);
     ok = false;
   }
 
@@ -215,7 +216,8 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   // for, not counted in weight_bytes (the touched experts' only).
   const int64_t zero_dw_bytes = (E - routed.touched_experts) * 3 * H * F * 2;
   char zeros[160];
-  std::snprintf(zeros, sizeof zeros, "; dW of the %lld untouched experts written as zeros (%.1f MB, not in weight_bytes)",
+  std::snprintf(zeros, sizeof zeros,
+                "; dW of the %lld untouched experts written as zeros (%.1f MB, not in weight_bytes)",
                 (long long)(E - routed.touched_experts), double(zero_dw_bytes) / 1e6);
   const std::string options = "saved=recompute (its 4·T·k·H·F FLOPs not counted), router=gate (d_w_gate; dx with the "
                               "router's part), dx and bf16 dW" +
@@ -242,7 +244,8 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     }
     char err[48];
     std::snprintf(err, sizeof err, "; checked rel err %.2e", b.check_err);
-    rows.push_back(make_row("backward", b.impl, b.ms, bplan.str(), b.note + err + (rot.note.empty() ? "" : "; " + rot.note)));
+    const std::string note = b.note + err + (rot.note.empty() ? "" : "; " + rot.note);
+    rows.push_back(make_row("backward", b.impl, b.ms, bplan.str(), note));
     print_row(rows.back(), cx.info);
   }
   return ok ? Outcome::ok : Outcome::verify_failed;
@@ -252,7 +255,8 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
 
 int run_bench_backward(const BenchArgs& args, const std::string& command) {
   const LayerSpec spec = resolve_layer(args.layer);  // option errors first, GPU or not
-  if (!require_hopper("bench --backward", "", "On this machine, `moekit check --cpu` runs the CPU oracle.")) return kExitNoGpu;
+  if (!require_hopper("bench --backward", "", "On this machine, `moekit check --cpu` runs the CPU oracle."))
+    return kExitNoGpu;
   if (args.tokens.empty()) throw Error("--tokens: give at least one token count");
   const DeviceInfo dev = query_device();
   Stream stream;

@@ -100,7 +100,8 @@ inline void check_bench_mode(const BenchArgs& b) {
   if (b.dtype != "bf16")
     throw UsageError("--backward: the backward is bf16 only (there is no FP8 backward); drop --dtype " + b.dtype);
   if (b.ep > 0)
-    throw UsageError("--backward: bench --ep times the expert-parallel forward only (there is no EP backward); drop --ep");
+    throw UsageError("--backward: bench --ep times the expert-parallel forward only (there is no EP backward); "
+                     "drop --ep");
 }
 
 // `check --cpu` runs the oracle on a scaled-down layer: the preset's E down to
