@@ -41,6 +41,11 @@ expect 3 "--topk-group: must be in \[1, n_group = 8\], got 9" bench --preset dee
 expect 3 "--tokens 300000000: .*'shape.tokens'.*32-bit sorted_ids" bench --preset deepseek-v3 --tokens 1,300000000
 expect 3 "--hidden: H must be a positive multiple of 8" tune --hidden 100
 expect 3 "--preset: unknown preset 'nope'" bench --preset nope
+# bench --backward is bf16 and one GPU: the other modes' flags are refused by name.
+expect 3 "^moekit: error: --backward: the backward is bf16 only.*drop --dtype fp8" bench --backward --dtype fp8
+expect 3 "^moekit: error: --backward: .*drop --ep" bench --backward --ep 2
+expect 3 "^moekit: error: --backward: .*drop --ep" bench --preset deepseek-v3 --ep 1 --backward
+expect 3 "^moekit: error: --hidden: H must be a positive multiple of 8" bench --backward --hidden 100
 # Numbers (item 4): readable ranges, no DBL_MAX in full.
 expect 3 "^--tokens: expected a whole number in \[1, 2147483646\], got 0" bench --tokens 0
 expect 3 "^--tokens: expected a whole number in \[1, 2147483646\], got -5" bench --tokens -5
@@ -61,11 +66,13 @@ expect 0 "oracle OK" check --cpu --tokens 5
 expect 0 "oracle OK" check --cpu --tokens 3 --experts 16 --topk 4 --hidden 128 --inter 64
 # Exit codes in every command's --help.
 for cmd in bench check tune; do expect 0 "Exit codes: 0 ok; 1 .*; 2 .*; 3 bad command line" "$cmd" --help; done
+expect 0 "^ +--backward +time the bf16 backward" bench --help
 # check without a GPU and without --cpu: one line, exit 2 (a GPU machine runs the check instead).
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
   echo "skip: check without --cpu (a GPU is present)"
 else
   expect 2 "^moekit check: no Hopper GPU .*moekit check --cpu" check
+  expect 2 "^moekit bench --backward needs an NVIDIA Hopper GPU" bench --backward --preset qwen3-30b-a3b
   lines=$("$MOEKIT" check 2>&1 | wc -l)
   [ "$lines" = 1 ] || { echo "FAIL: moekit check without a GPU printed $lines lines, expected 1"; fails=$((fails + 1)); }
 fi

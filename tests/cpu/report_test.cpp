@@ -1,6 +1,7 @@
 // report_test.cpp — the files `moekit bench` writes (tools/moekit/report.cpp), without a GPU: the
 // --json document and the --csv lines of the same rows, read back. The CSV writer once iterated a
-// destroyed temporary (a segfault on the device after a whole benchmark's work).
+// destroyed temporary (a segfault on the device after a whole benchmark's work). And what the
+// backward's rows count (tools/moekit/metrics.hpp), and their x_roof in the file.
 //
 // Build and run: cmake --build build --target moekit_cpu_tests && ./build/tests/moekit_cpu_tests --gtest_filter='Report*'
 #include <gtest/gtest.h>
@@ -95,6 +96,52 @@ TEST(Report, CsvAndJsonHoldTheSameRows) {
   }
   std::remove(json_path.c_str());
   std::remove(csv_path.c_str());
+}
+
+// `moekit bench --backward`'s rows count what docs/design.md says: 12·T·k·H·F useful FLOPs, the
+// touched experts' w13 and w2 read and their gradients written (with w_gate and d_w_gate), the sums
+// of the layer's and the backward's in forward+backward; x_roof is the time over the larger floor.
+TEST(Report, BackwardRowsCountTheirWork) {
+  const int64_t T = 16, H = 4096, F = 14336, E = 8, k = 2, A = T * k, touched = 3;
+  const MoeShape s{T, H, F, E, k};
+  const Routed routed{touched, 64, 16};
+  const StageCost b = stage_cost("backward", s, routed);
+  EXPECT_DOUBLE_EQ(b.flops, 12.0 * double(A) * double(H) * double(F));
+  EXPECT_EQ(b.weight_bytes, 2 * touched * 3 * H * F * 2 + 2 * E * H * 2);
+  EXPECT_GT(b.act_bytes, 3 * T * H * 2) << "x, dy and dx at least";
+  const StageCost g = stage_cost("backward-graph", s, routed);
+  EXPECT_EQ(g.weight_bytes, b.weight_bytes);
+  EXPECT_EQ(g.act_bytes, b.act_bytes);
+  EXPECT_DOUBLE_EQ(g.flops, b.flops);
+  const StageCost layer = stage_cost("layer", s, routed), step = stage_cost("forward+backward", s, routed);
+  EXPECT_EQ(step.weight_bytes, layer.weight_bytes + b.weight_bytes);
+  EXPECT_EQ(step.act_bytes, layer.act_bytes + b.act_bytes);
+  EXPECT_DOUBLE_EQ(step.flops, 18.0 * double(A) * double(H) * double(F));
+  EXPECT_THROW(stage_cost("backward", s, routed, Precision::fp8), Error) << "the backward is bf16 only";
+
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string json_path = (dir / "moekit_report_backward_test.json").string();
+  RunInfo info;
+  info.read_ceiling_TBps = 4.5;
+  info.dense_ceiling_TFLOPs = 700;
+  std::vector<Row> rows(2);
+  rows[0].shape = s;
+  rows[0].stage = "backward";
+  rows[0].cost = b;
+  rows[0].ms = 2.0;
+  rows[0].read_time_ms = 0.5;  // above the FLOPs' 0.032 ms at 700 TFLOP/s: the read floor
+  rows[1] = rows[0];
+  rows[1].read_time_ms = 0.001;  // below them: the dense floor
+  write_rows(json_path, "", info, rows);
+  std::ifstream jf(json_path);
+  const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(jf);
+  ASSERT_EQ(doc["rows"].size(), 2u);
+  EXPECT_DOUBLE_EQ(doc["rows"][0]["x_read_time"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(doc["rows"][0]["x_roof"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(doc["rows"][1]["x_roof"].get<double>(), 2.0 / (b.flops / (700 * 1e9)));
+  EXPECT_EQ(doc["rows"][1]["flops"].get<double>(), b.flops);
+  EXPECT_EQ(doc["rows"][1]["weight_bytes"].get<int64_t>(), b.weight_bytes);
+  std::remove(json_path.c_str());
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "baseline_kernels.cuh"
 #include "bench.hpp"
 #include "moekit/reference.hpp"
 #include "tool_util.hpp"
@@ -28,21 +29,6 @@
 namespace moekit::cli {
 
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 65535;  // grid-stride beyond this: plenty to fill any GPU
-
-unsigned blocks_for(int64_t n) { return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks))); }
-
-// out[r] = x[src_token[r]], 16-byte vectors (H % 8 == 0).
-__global__ void gather_rows_kernel(const uint4* __restrict__ x, const int32_t* __restrict__ src_token,
-                                   uint4* __restrict__ out, int64_t rows, int64_t vecs_per_row) {
-  const int64_t n = rows * vecs_per_row, stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t r = i / vecs_per_row, c = i % vecs_per_row;
-    out[i] = x[int64_t(src_token[r]) * vecs_per_row + c];
-  }
-}
 
 // act[r, f] = silu(gate_up[r, f]) * gate_up[r, F + f]: w13 holds gate rows, then up rows.
 __global__ void swiglu_kernel(const __nv_bfloat16* __restrict__ gate_up, __nv_bfloat16* __restrict__ act,

@@ -1,6 +1,7 @@
 // bench.hpp — what the CLI's translation units share: the options of `moekit bench` and
 // `moekit check` (parsed in main.cpp), the entry points, the oracle check of a GPU forward pass
-// (check.cpp) and the cuBLAS baselines (baselines.cu).
+// (check.cpp) and the cuBLAS baselines (baselines.cu). The backward's bench has its own header
+// (bench_backward.hpp).
 #pragma once
 
 #include <cublas_v2.h>
@@ -42,6 +43,7 @@ struct BenchArgs {
   int ep = 0;                    // --ep R: the expert-parallel layer over R GPUs (bench_ep.cpp)
   std::string ep_mode = "auto";  // prefill | decode | auto (decode for T <= 128 tokens per rank)
   int64_t ep_capacity = 0;       // decode rows per (source, destination); 0: never overflows
+  bool backward = false;         // --backward: time moe_backward instead of the forward (bench_backward.cu)
 };
 
 struct CheckArgs {
@@ -59,7 +61,14 @@ int run_bench_fp8(const BenchArgs& args, const std::string& command);
 // `moekit bench --ep R`: spawns R rank processes of this executable (argv) and, in each, times the
 // EP layer. Rank 0 prints and writes --json.
 int run_bench_ep(const BenchArgs& args, const std::string& command, int argc, char** argv);
+// `moekit bench --backward`: the bf16 backward pass, checked and timed (bench_backward.cu).
+int run_bench_backward(const BenchArgs& args, const std::string& command);
 int run_check(const CheckArgs& args);
+
+// `n` distinct tokens of [0, T), always 0 and T-1 (the ends catch offset and bound bugs), the
+// rest drawn from the seed; every token when T <= n. Ascending. The tokens every oracle check
+// of `moekit bench` compares (check.cpp).
+std::vector<int64_t> sample_tokens(int64_t T, int n, uint64_t seed);
 
 // ---- check.cpp: a GPU forward pass against the CPU oracle ----------------------------------
 struct ForwardCheck {

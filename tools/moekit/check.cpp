@@ -24,19 +24,6 @@ namespace {
 
 using ref::bf16;
 
-// `n` distinct tokens of [0, T), always 0 and T-1 (the ends catch offset and bound bugs), the
-// rest drawn from the seed; every token when T <= n. Ascending.
-std::vector<int64_t> sample_tokens(int64_t T, int n, uint64_t seed) {
-  std::set<int64_t> pick;
-  if (T <= n) {
-    for (int64_t t = 0; t < T; ++t) pick.insert(t);
-  } else {
-    pick = {0, T - 1};
-    for (uint64_t i = 0; int64_t(pick.size()) < n; ++i) pick.insert(int64_t(hash3(seed, kStreamSample, i) % uint64_t(T)));
-  }
-  return {pick.begin(), pick.end()};
-}
-
 void to_host(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0) MK_CUDA_CHECK(cudaMemcpy(dst, src, size_t(bytes), cudaMemcpyDeviceToHost));
 }
@@ -49,6 +36,17 @@ std::string fmt(const char* f, double v) {
 }
 
 }  // namespace
+
+std::vector<int64_t> sample_tokens(int64_t T, int n, uint64_t seed) {
+  std::set<int64_t> pick;
+  if (T <= n) {
+    for (int64_t t = 0; t < T; ++t) pick.insert(t);
+  } else {
+    pick = {0, T - 1};
+    for (uint64_t i = 0; int64_t(pick.size()) < n; ++i) pick.insert(int64_t(hash3(seed, kStreamSample, i) % uint64_t(T)));
+  }
+  return {pick.begin(), pick.end()};
+}
 
 ForwardOracle::ForwardOracle(const GpuLayer& layer, const MoeShape& shape, const Workspace& ws, const Tensor& x,
                              int check_tokens, uint64_t seed, cudaStream_t stream)

@@ -1,6 +1,7 @@
 // cli_checks.hpp — what the command line checks before any command asks for a device: every
-// number a flag takes (CLI11 validators with readable ranges), and the layer the flags describe
-// (H, F, E, k, the T list, grouped top-k, --dtype's rules), each error naming its flag. The shape
+// number a flag takes (CLI11 validators with readable ranges), the layer the flags describe
+// (H, F, E, k, the T list, grouped top-k, --dtype's rules) and the flags a bench mode refuses
+// (--backward with --dtype fp8 or --ep), each error naming its flag. The shape
 // rules are the library's own (plan_forward_with runs them, no device needed); the flags only name
 // them. Included by main.cpp, the CLI11 translation unit.
 #pragma once
@@ -90,6 +91,17 @@ inline void check_layer(const LayerSpec& spec, const std::string& dtype, const s
       throw UsageError("--tokens " + std::to_string(T) + ": " + e.what());
     }
   }
+}
+
+// `bench --backward` times the bf16 backward on one GPU: the flags of the other bench modes are
+// refused by name, before any device is asked for.
+inline void check_bench_mode(const BenchArgs& b) {
+  if (!b.backward) return;
+  if (b.dtype != "bf16")
+    throw UsageError("--backward: the backward is bf16 only (there is no FP8 backward); drop --dtype " + b.dtype);
+  if (b.ep > 0)
+    throw UsageError("--backward: bench --ep times the expert-parallel forward only (there is no EP backward); "
+                     "drop --ep");
 }
 
 // `check --cpu` runs the oracle on a scaled-down layer: the preset's E down to

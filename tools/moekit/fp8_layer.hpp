@@ -46,14 +46,6 @@ class Fp8Weights {
   std::vector<Fp8Copy> copies_;
 };
 
-// n elements of T from the device (synchronous cudaMemcpy).
-template <class T>
-std::vector<T> copy_to_host(const void* p, int64_t n) {
-  std::vector<T> v(size_t(std::max<int64_t>(n, 0)));
-  if (n > 0) MK_CUDA_CHECK(cudaMemcpy(v.data(), p, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
-
 struct Fp8Check {
   bool ok = false;
   std::vector<int32_t> topk_ids, expert_counts;

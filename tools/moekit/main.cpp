@@ -1,7 +1,9 @@
 // main.cpp — the `moekit` command line: parses the options of `bench`, `check` and `tune` (CLI11)
-// and dispatches to run_bench (bench.cu), run_check (check.cpp) and run_tune (tune.cu).
+// and dispatches to run_bench (bench.cu; --dtype fp8: bench_fp8.cu, --ep: bench_ep.cpp,
+// --backward: bench_backward.cu), run_check (check.cpp) and run_tune (tune.cu).
 //
 //   moekit bench --preset deepseek-v3 --tokens 1,16,64,512 --json out.json
+//   moekit bench --backward --preset qwen3-30b-a3b --tokens 1,64,4096 --json bwd.json
 //   moekit check --cpu
 //   moekit tune --preset mixtral-8x7b --tokens 1,2,4,8,16,32,64 --merge
 //   moekit tune --dtype fp8 --preset deepseek-v3 --merge
@@ -96,6 +98,9 @@ int main(int argc, char** argv) {
                         "decode rows per (source, destination) message; 0: T*min(k, S), never overflows")
       ->capture_default_str()
       ->check(whole_number(0, moekit::cli::kMaxTokensFlag));
+  bench_cmd->add_flag("--backward", bench.backward,
+                      "time the bf16 backward instead (moe_backward: h recomputed, the router's gate gradient, dx and "
+                      "dW), its forward + backward as one graph, and a cuBLAS loop of its GEMMs");
 
   moekit::cli::CheckArgs check;
   CLI::App* check_cmd = app.add_subcommand(
@@ -154,6 +159,7 @@ int main(int argc, char** argv) {
   try {
     // The layer the flags describe, checked before any command asks for a device.
     using moekit::cli::check_layer;
+    if (bench_cmd->parsed()) moekit::cli::check_bench_mode(bench);
     if (bench_cmd->parsed()) check_layer(moekit::cli::resolve_layer(bench.layer), bench.dtype, bench.tokens);
     if (tune_cmd->parsed()) check_layer(moekit::cli::resolve_layer(tune.layer), tune.dtype, tune.tokens);
     if (check_cmd->parsed() && check.cpu) {
@@ -167,6 +173,7 @@ int main(int argc, char** argv) {
     if (bench_cmd->parsed() && bench.ep > 0 && !bench.csv.empty())
       throw moekit::cli::UsageError("--csv: bench --ep writes --json only");
     if (bench_cmd->parsed() && bench.ep > 0) return moekit::cli::run_bench_ep(bench, command, argc, argv);
+    if (bench_cmd->parsed() && bench.backward) return moekit::cli::run_bench_backward(bench, command);
     if (bench_cmd->parsed())
       return bench.dtype == "fp8" ? moekit::cli::run_bench_fp8(bench, command) : moekit::cli::run_bench(bench, command);
     if (check_cmd->parsed()) return moekit::cli::run_check(check);

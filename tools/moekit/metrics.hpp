@@ -32,6 +32,9 @@ struct StageCost {
 
 // The stages (rows) a benchmark reports, in order (fp8 runs add "quantize" after the router).
 inline const char* const kStages[] = {"router", "align", "up", "down", "combine", "experts", "layer", "layer-graph"};
+// `moekit bench --backward`'s rows: moe_backward eager, the same from a CUDA graph, and the layer's
+// forward followed by its backward in one graph (bench_backward.cu).
+inline const char* const kBackwardStages[] = {"backward", "backward-graph", "forward+backward"};
 
 // FP8 (Precision::fp8): e4m3 weights plus their FP32 block scales, e4m3 x_q and act plus their
 // per-row scales; the quantize stage reads x (bf16) and writes x_q and x_scale.
@@ -84,6 +87,27 @@ inline StageCost stage_cost(const std::string& stage, const MoeShape& s, const R
     }
     // The layer's FLOPs are the experts' (docs/design.md, "What the benchmarks report"); the router's 2·T·H·E is < 1%.
     c.flops = 2.0 * double(A) * 3.0 * double(H) * double(F);
+  } else if (!fp8 && (stage == "backward" || stage == "backward-graph")) {
+    // moe_backward as `moekit bench --backward` runs it (h recomputed, RouterGrad::gate, dx and
+    // bf16 dW). Weights: the touched experts' w13 and w2 read and their dW13 and dW2 written (the
+    // same bytes again), w_gate read and d_w_gate written. (The library also writes exact zeros
+    // to the dW of every untouched expert: not compulsory work, so not counted here.)
+    const int64_t experts_bytes = r.touched_experts * 3 * H * F * 2;
+    c.weight_bytes = 2 * experts_bytes + 2 * E * H * 2;
+    // x and dy in, dx out; the routing and the logits in; and, through memory by design, h
+    // (written, read), dh (written, read by the dx and dW13 GEMMs), act_w and dx_rows (written,
+    // read) and the router's f32 part of dx (written, read).
+    c.act_bytes = 3 * T * H * 2 + A * 8 + T * E * 4 + 2 * A * 2 * F * 2 + 3 * A * 2 * F * 2 + 2 * A * F * 2 +
+                  2 * A * H * 2 + 2 * T * H * 4;
+    // Useful FLOPs: D, dx, dW2 and dW13, twice the forward's (docs/design.md, "Backward"); the
+    // recomputed h (4·T·k·H·F more) is the price of keeping no activation, and the router's
+    // 4·T·E·H are < 1%.
+    c.flops = 12.0 * double(A) * double(H) * double(F);
+  } else if (!fp8 && stage == "forward+backward") {
+    const StageCost fwd = stage_cost("layer", s, r, p), bwd = stage_cost("backward", s, r, p);
+    c.weight_bytes = fwd.weight_bytes + bwd.weight_bytes;
+    c.act_bytes = fwd.act_bytes + bwd.act_bytes;
+    c.flops = fwd.flops + bwd.flops;
   } else {
     throw Error("stage_cost: unknown stage '" + stage + "'");
   }

@@ -24,7 +24,8 @@ enum RngStream : uint64_t {
   kStreamCalibX = 6,   // tokens the --skew calibration routes (never the timed ones)
   kStreamCeiling = 7,  // ceiling buffers (streaming read, dense GEMM)
   kStreamSample = 8,   // which tokens the oracle checks
-  kStreamSkew = 9,     // which expert is hot, and the order of the others' loads
+  kStreamSkew = 9,     // which expert is hot, and the order of the others' loads (and 10: its score draws)
+  kStreamDy = 11,      // dy, the gradient `moekit bench --backward` feeds the backward
 };
 
 // splitmix64's finaliser: a bijection on 64 bits with full avalanche.

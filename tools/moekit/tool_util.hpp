@@ -76,6 +76,14 @@ class DeviceBuffer {
   int64_t bytes_ = 0;
 };
 
+// n elements of T from the device (synchronous cudaMemcpy).
+template <class T>
+std::vector<T> copy_to_host(const void* p, int64_t n) {
+  std::vector<T> v(size_t(std::max<int64_t>(n, 0)));
+  if (n > 0) MK_CUDA_CHECK(cudaMemcpy(v.data(), p, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
 // Owning wrappers of a stream and a cuBLAS handle bound to it.
 struct Stream {
   cudaStream_t s = nullptr;
