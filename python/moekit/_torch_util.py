@@ -122,7 +122,7 @@ def _fail(fn: str, arg: str, what: str):
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.int32: "int32",
-                torch.float8_e4m3fn: "float8_e4m3fn"}
+                torch.int64: "int64", torch.float8_e4m3fn: "float8_e4m3fn"}
 
 
 def _check(fn: str, arg: str, t, dtypes: Sequence[torch.dtype], dims: Sequence[tuple],

@@ -31,7 +31,8 @@ class Workspace:
     FP8 GEMMs (e4m3 weights with block scales): act is then e4m3, with act_scale, and x_q / x_scale
     hold the quantized tokens."""
 
-    _DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "e4m3": torch.float8_e4m3fn}
+    _DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "i64": torch.int64,
+               "e4m3": torch.float8_e4m3fn}
 
     def __init__(self, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
                  device: Union[torch.device, str, int, None] = None, precision: str = "bf16") -> None:

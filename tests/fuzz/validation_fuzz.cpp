@@ -149,7 +149,7 @@ void fuzz_stage_validators(const ForwardPlan& p, Bytes& in) {
   accepted([&] { detail::expect_plan_sizes(p, "fuzz"); });
   // A tensor with fuzzed dims against a fuzzed expected shape.
   const int64_t d0 = in.dim(), d1 = in.dim();
-  const Tensor t(base, DType(in.u8() % 4), {d0, d1});
+  const Tensor t(base, DType(in.u8() % 5), {d0, d1});
   accepted([&] { detail::expect_tensor("fuzz", "t", t, t.dtype, {d0, d1}); });
   accepted([&] { detail::expect_optional("fuzz", "t", t, DType::bf16, {in.dim(), d1}); });
   const MoeShape& s = p.shape;

@@ -65,7 +65,7 @@ def test_binding_names_the_argument(w):
 
     with pytest.raises(moekit.Error, match="experts_forward: argument 'x': must be contiguous"):
         call(1, randn(H, T, seed=0).t())
-    with pytest.raises(moekit.Error, match="experts_forward: argument 'x': expected dtype bf16, f32, i32 or e4m3.*float16"):
+    with pytest.raises(moekit.Error, match="experts_forward: argument 'x': expected dtype bf16, f32, i32, i64 or e4m3.*float16"):
         call(1, x.half())
     with pytest.raises(ValueError, match=r"moekit::experts_forward: argument 'w2': expected dtype bf16, got f32"):
         call(3, w["w2"].float())

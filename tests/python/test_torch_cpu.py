@@ -318,7 +318,7 @@ def test_binding_reads_torch_capsules():
         moekit.combine(to_dlpack(y_rows), 2, to_dlpack(torch.zeros(4, H, dtype=bf16)))
     with pytest.raises(moekit.Error, match="combine: argument 'y_rows': must be contiguous"):
         moekit.combine(to_dlpack(torch.zeros(H, 8, dtype=bf16).t()), 2, to_dlpack(torch.zeros(4, H, dtype=bf16)))
-    with pytest.raises(moekit.Error, match="argument 'y_rows': expected dtype bf16, f32, i32 or e4m3 .*got float16"):
+    with pytest.raises(moekit.Error, match="argument 'y_rows': expected dtype bf16, f32, i32, i64 or e4m3 .*got float16"):
         moekit.combine(to_dlpack(y_rows.half()), 2, None)
     with pytest.raises(moekit.Error, match="argument 'y_rows': expected a CUDA"):  # requires_grad is no obstacle
         moekit.combine(to_dlpack(torch.zeros(8, H, requires_grad=True)), 2, None)
