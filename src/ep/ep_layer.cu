@@ -258,9 +258,10 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
   detail::launch_pdl("ep.route_kernel", kernels::ep::route_kernel, dim3(unsigned(route_ctas)),
                      dim3(kernels::ep::kRouteThreads), 0, stream, rp);
   // order: align over the R*S slots, block_m = 1 (plan_dispatch's stable counting sort).
+  // align counts slots here, not experts: no load counter (nullptr).
   detail::launch_align(tuning::plan_align(A), b.slot, A, int(R * S), 1,
                        {b.order, b.order_blocks, b.order_rows, b.slot_counts, b.status, b.align_scratch, s.tokens * k},
-                       stream);
+                       nullptr, stream);
   // pack
   if (decode) MK_CUDA_CHECK(cudaMemsetAsync(b.overflow, 0, 4, stream));
   kernels::ep::PackParams pp{x.as<const __nv_bfloat16>(),
