@@ -241,6 +241,7 @@ void quantize_weights(const Tensor& w, const Tensor& q, const Tensor& scale, cud
 // when you choose, ordered after the calls on their stream, e.g.
 //   cudaMemcpyAsync(host_counts, expert_load.data, E * 8, cudaMemcpyDeviceToHost, stream);  // read
 //   cudaMemsetAsync(expert_load.data, 0, E * 8, stream);                                      // reset
+// (The expert-parallel layer takes a counter of its own: moekit/ep_nccl.hpp, EpLayer::forward.)
 
 // ---- Stage 2: align -------------------------------------------------------------------------
 // topk_ids [T,k] i32 -> ws.sorted_ids, block_expert, num_rows_padded, expert_counts. One launch of
