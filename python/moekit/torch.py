@@ -130,7 +130,7 @@ def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: 
                   w1: Optional[Tensor] = None, use_fp8_w8a8: bool = False, w13_scale: Optional[Tensor] = None,
                   w2_scale: Optional[Tensor] = None, w1_scale: Optional[Tensor] = None,
                   a1_scale: Optional[Tensor] = None, a2_scale: Optional[Tensor] = None,
-                  block_shape=None) -> Tensor:
+                  block_shape=None, device_info: DeviceLike = None) -> Tensor:
     """The experts with the routing given (vLLM's argument order): topk_weights [T, k] float32,
     topk_ids [T, k] int32 in [0, E). An id outside is not checked on the host (that would sync):
     align skips it and flags the workspace (Workspace.check_status in the staged API), and the
