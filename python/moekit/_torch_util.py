@@ -210,6 +210,13 @@ def _check_router(fn: str, T: int, H: int, E: int, x, router_logits, w_gate, bia
         _check(fn, "e_score_correction_bias", bias, (torch.float32,), (("E", E),), x.device)
 
 
+def _check_expert_load(fn: str, expert_load, experts: int, device: torch.device, device_arg: str = "x"):
+    """The opt-in load counter: None, or int64 [E] on the call's device (the C++ entry then checks
+    that it shares no memory with the call's other buffers)."""
+    if expert_load is not None:
+        _check(fn, "expert_load", expert_load, (torch.int64,), (("E", experts),), device, device_arg)
+
+
 def _check_no_overlap(fn: str, arg: str, out: Tensor, **inputs):
     """out must share no memory with an input: a kernel may write out while another still reads
     the input. Real tensors only (it reads data pointers): called inside the ops' eager bodies."""

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from . import _moekit as _C
-from ._torch_util import _check, _cuda_index, _dl, _fail, _plan, _stream, _workspace
+from ._torch_util import _check, _check_expert_load, _cuda_index, _dl, _fail, _plan, _stream, _workspace
 from .fp8 import blocks
 
 __all__ = ["Workspace", "align", "quantize_tokens", "expert_up", "expert_down", "combine"]
@@ -56,11 +56,13 @@ class Workspace:
         _C.check_status(self.plan, _dl(self.buffer), stream=_stream(self.device))
 
 
-def align(ws: Workspace, topk_ids: Tensor) -> None:
-    """Stage 2: the expert-sorted, block_m-padded order of topk_ids [T, k] int32, into ws."""
+def align(ws: Workspace, topk_ids: Tensor, expert_load: Optional[Tensor] = None) -> None:
+    """Stage 2: the expert-sorted, block_m-padded order of topk_ids [T, k] int32, into ws.
+    expert_load (int64 [E], optional) gains the call's assignments per expert, as in fused_moe."""
     _check("align", "topk_ids", topk_ids, (torch.int32,), (("T", ws.plan.tokens), ("k", ws.plan.topk)), ws.device,
            "ws")
-    _C.align(ws.plan, _dl(topk_ids), _dl(ws.buffer), stream=_stream(ws.device))
+    _check_expert_load("align", expert_load, ws.plan.experts, ws.device, "ws")
+    _C.align(ws.plan, _dl(topk_ids), _dl(ws.buffer), expert_load=_dl(expert_load), stream=_stream(ws.device))
 
 
 def quantize_tokens(ws: Workspace, x: Tensor) -> None:

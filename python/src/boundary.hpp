@@ -88,6 +88,8 @@ class Call {
   Tensor in_opt(const char* arg, nb::handle h) { return h.is_none() ? Tensor() : in(arg, h); }
   // A required output (written by the kernels).
   Tensor out(const char* arg, nb::handle h) { return convert<OutArray>(arg, h); }
+  // An optional output (expert_load, added to in place): None means "not given".
+  Tensor out_opt(const char* arg, nb::handle h) { return h.is_none() ? Tensor() : out(arg, h); }
 
   // The caller's workspace: a contiguous CUDA byte buffer of at least workspace_bytes(plan), as
   // the raw buffer (for the entries that carve it themselves) and carved.
