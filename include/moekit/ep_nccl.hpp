@@ -142,8 +142,14 @@ class EpLayer {
   // Prefill cannot be captured in a CUDA graph (it syncs once for the counts): Error naming
   // options.mode. An id outside [0, E) skips its assignment (the token's sum lacks it) and
   // check() reports it, as align does.
+  // expert_load [E] i64 (optional; E global experts, moe.hpp "Load statistics"): gains, per
+  // expert, the assignments of this rank's tokens that this step routed to it (summed over its
+  // replicas; counted before the decode capacity, so overflowed rows count too; ids outside
+  // [0, E) do not). One launch of E threads, only when given; graph-safe. The sum over the ranks
+  // (an all-reduce the caller runs when it reads) is the layer's histogram: the expert_load that
+  // PlacementOptions takes to re-plan replicas.
   void forward(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& w13, const Tensor& w2,
-               const Tensor& y, int64_t token_offset, cudaStream_t stream);
+               const Tensor& y, int64_t token_offset, cudaStream_t stream, const Tensor& expert_load = Tensor());
 
   // Synchronises the stream; counts of the last forward, its overflow and out-of-range ids.
   EpStats stats(cudaStream_t stream) const;

@@ -228,11 +228,27 @@ void quantize_tokens(const ForwardPlan& plan, const Tensor& x, const Workspace& 
 // group (amax over the block). Bitwise ref::quantize_weight_blocks.
 void quantize_weights(const Tensor& w, const Tensor& q, const Tensor& scale, cudaStream_t stream);
 
+// ---- Load statistics (opt-in) ----------------------------------------------------------------
+// expert_load [E] i64: a caller-owned device counter that align, moe_forward and experts_forward
+// take as their last, optional argument. When it is given, each call adds its per-expert
+// assignment counts (ws.expert_counts: the real assignments, not the padding rows; an id outside
+// [0, E) is not counted) to it, on the device, inside align's kernel: no extra launch, no host
+// sync, no allocation, so it captures in a CUDA graph and every replay adds again. Integer sums:
+// exact, and the same whatever the order of calls (calls on several streams may share a counter).
+// It must be 8-byte aligned and share no byte with the call's other buffers (moekit::Error names
+// 'expert_load'). Absent (Tensor()), nothing is counted and the layer runs exactly its normal
+// kernels. moekit never reads or clears it: zero it before the first call, then read or reset it
+// when you choose, ordered after the calls on their stream, e.g.
+//   cudaMemcpyAsync(host_counts, expert_load.data, E * 8, cudaMemcpyDeviceToHost, stream);  // read
+//   cudaMemsetAsync(expert_load.data, 0, E * 8, stream);                                      // reset
+// (The expert-parallel layer takes a counter of its own: moekit/ep_nccl.hpp, EpLayer::forward.)
+
 // ---- Stage 2: align -------------------------------------------------------------------------
 // topk_ids [T,k] i32 -> ws.sorted_ids, block_expert, num_rows_padded, expert_counts. One launch of
-// plan.align's kernel (the grid needs ws.align_scratch, carved whenever the plan names it).
+// plan.align's kernel (the grid needs ws.align_scratch, carved whenever the plan names it);
+// expert_load (optional, see "Load statistics") gains ws.expert_counts.
 void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
-           cudaStream_t stream);
+           cudaStream_t stream, const Tensor& expert_load = Tensor());
 
 // ---- Stages 3-4: expert GEMMs ---------------------------------------------------------------
 // Both read the layout align wrote to ws. A caller that fills sorted_ids itself must keep
@@ -267,12 +283,16 @@ struct MoeInputs {
   Tensor w13_scale;   // fp8 plans: [E, 2·ceil(F/128), ceil(H/128)] f32 block scales; else absent
   Tensor w2_scale;    // fp8 plans: [E, ceil(H/128), ceil(F/128)] f32 block scales; else absent
 };
+// expert_load [E] i64 (optional, see "Load statistics"): gains this call's assignments per expert.
 void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptions& opt,
-                 const Tensor& y, void* workspace, size_t workspace_bytes, cudaStream_t stream);
-// Stages 2-5 with routing given by the caller (topk_ids [T,k] i32, topk_weights [T,k] f32).
+                 const Tensor& y, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                 const Tensor& expert_load = Tensor());
+// Stages 2-5 with routing given by the caller (topk_ids [T,k] i32, topk_weights [T,k] f32);
+// expert_load as in moe_forward (the histogram of the given topk_ids).
 void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Tensor& w2,
                      const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y,
-                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                     const Tensor& expert_load = Tensor());
 // The expert weights of any precision: bf16 w13/w2 without scales, or e4m3 with their block scales.
 struct ExpertWeights {
   Tensor w13, w2;
@@ -280,6 +300,7 @@ struct ExpertWeights {
 };
 void experts_forward(const ForwardPlan& plan, const Tensor& x, const ExpertWeights& weights,
                      const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y,
-                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                     const Tensor& expert_load = Tensor());
 
 }  // namespace moekit

@@ -14,7 +14,9 @@ namespace moekit {
 
 // e4m3: 8-bit floating point E4M3 (OCP FP8 "E4M3FN": no infinities, one NaN pattern, finite range
 // ±448; PyTorch's float8_e4m3fn), the expert weights' and activations' type of FP8 plans.
-enum class DType : int { bf16, f32, i32, e4m3 };
+// i64: 64-bit signed integers (torch.int64), the type of the opt-in load counter (moe.hpp,
+// expert_load).
+enum class DType : int { bf16, f32, i32, e4m3, i64 };
 
 const char* dtype_name(DType d);
 int64_t dtype_bytes(DType d);

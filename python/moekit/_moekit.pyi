@@ -163,9 +163,9 @@ def quantize_weights(w: DLPackArray | None, q: DLPackArray | None, scale: DLPack
     bf16 weights to DeepSeek-V3's FP8 format: w [P,R,C] bf16 (w13 [E,2F,H] as [2E,F,H]) -> q [P,R,C] e4m3 and scale [P,ceil(R/128),ceil(C/128)] f32, per 128x128 block (amax / 448; scale dequantizes).
     """
 
-def align(plan: Plan, topk_ids: DLPackArray | None, workspace: DLPackArray | None, *, stream: int = 0) -> None:
+def align(plan: Plan, topk_ids: DLPackArray | None, workspace: DLPackArray | None, *, expert_load: DLPackArray | None = None, stream: int = 0) -> None:
     """
-    Stage 2: the expert-sorted, block_m-padded order of the assignments, in the workspace.
+    Stage 2: the expert-sorted, block_m-padded order of the assignments, in the workspace. expert_load [E] int64 (optional): gains this call's assignments per expert, on the device.
     """
 
 def expert_up(plan: Plan, x: DLPackArray | None, w13: DLPackArray | None, workspace: DLPackArray | None, *, w13_scale: DLPackArray | None = None, stream: int = 0) -> None:
@@ -186,14 +186,14 @@ def combine_partials(y_partials: DLPackArray | None, topk: int, y: DLPackArray |
     Stage 5 after a split-K down GEMM (plan.down_splits > 1): y[t] = Σ_j Σ_s y_partials[s][t*k+j].
     """
 
-def moe_forward(plan: Plan, x: DLPackArray | None, w_gate: DLPackArray | None, router_logits: DLPackArray | None, score_bias: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, scoring: str = 'softmax', renormalize: bool = False, n_group: int = 0, topk_group: int = 0, routed_scaling_factor: float = 1.0, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, stream: int = 0) -> None:
+def moe_forward(plan: Plan, x: DLPackArray | None, w_gate: DLPackArray | None, router_logits: DLPackArray | None, score_bias: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, scoring: str = 'softmax', renormalize: bool = False, n_group: int = 0, topk_group: int = 0, routed_scaling_factor: float = 1.0, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, expert_load: DLPackArray | None = None, stream: int = 0) -> None:
     """
-    The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16. fp8 plans: w13/w2 e4m3 with their block scales w13_scale/w2_scale f32 (x is quantized on the device).
+    The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16. fp8 plans: w13/w2 e4m3 with their block scales w13_scale/w2_scale f32 (x is quantized on the device). expert_load [E] int64 (optional): gains this call's assignments per expert, on the device (never read or cleared by moekit).
     """
 
-def experts_forward(plan: Plan, x: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, topk_ids: DLPackArray | None, topk_weights: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, stream: int = 0) -> None:
+def experts_forward(plan: Plan, x: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, topk_ids: DLPackArray | None, topk_weights: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, expert_load: DLPackArray | None = None, stream: int = 0) -> None:
     """
-    Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32); fp8 plans: the weights' block scales as in moe_forward.
+    Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32); fp8 plans: the weights' block scales, and expert_load, as in moe_forward.
     """
 
 def check_status(plan: Plan, workspace: DLPackArray | None, *, stream: int = 0) -> None:

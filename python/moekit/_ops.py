@@ -7,6 +7,15 @@ mutated), both on one eager body. The layer ops take the FP8 block scales as tra
 tensors (w13_scale, w2_scale): with e4m3 weights the plan is an fp8 one (docs/design.md, "FP8"), with
 bf16 weights a bf16 one. The workspace comes from torch's caching allocator (inside a CUDA graph, from
 the graph's private pool); nothing syncs the host.
+
+The opt-in load counter has ops of its own, ``*_counted``: each layer op again with a required
+``Tensor(a!) expert_load`` (int64 [E]) that the call adds its assignments per expert to, in place.
+NOTES: not an optional ``Tensor(a!)? expert_load=None`` on the existing ops. torch.library's version
+bump of mutated arguments indexes them in the call's arguments, from which the dispatcher drops
+trailing defaults, so a call that leaves the counter out fails (IndexError, pytorch/pytorch#176078,
+open in torch 2.10 and 2.11); and a mutable schema puts that bump's Python overhead on every call
+(pytorch/pytorch#139494). So the ops without a counter keep their schema and cost, and a counted op
+always has its counter. They return fresh tensors only, never an alias of it.
 """
 from __future__ import annotations
 
@@ -31,7 +40,7 @@ def _precision(w13: Tensor) -> str:
 def _fused_moe_into(y: Tensor, x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
                     w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int, renormalize: bool,
                     scoring_func: str, num_expert_group: int, topk_group: int, routed_scaling_factor: float,
-                    w13_scale: Optional[Tensor], w2_scale: Optional[Tensor]):
+                    w13_scale: Optional[Tensor], w2_scale: Optional[Tensor], expert_load: Optional[Tensor] = None):
     T, H = x.shape
     E, F2 = w13.shape[0], w13.shape[1]
     p = _plan(T, H, F2 // 2, E, top_k, x.device.index, _precision(w13))
@@ -40,7 +49,7 @@ def _fused_moe_into(y: Tensor, x: Tensor, w13: Tensor, w2: Tensor, router_logits
                    _dl(y), _dl(ws), scoring=scoring_func, renormalize=renormalize,
                    n_group=num_expert_group, topk_group=topk_group,
                    routed_scaling_factor=routed_scaling_factor, w13_scale=_dl(w13_scale),
-                   w2_scale=_dl(w2_scale), stream=_stream(x.device))
+                   w2_scale=_dl(w2_scale), expert_load=_dl(expert_load), stream=_stream(x.device))
 
 
 @torch.library.custom_op("moekit::fused_moe", mutates_args=())
@@ -79,14 +88,52 @@ def _(x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring
     return None
 
 
+@torch.library.custom_op("moekit::fused_moe_counted", mutates_args=("expert_load",))
+def _fused_moe_counted_op(x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
+                          w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int,
+                          renormalize: bool, scoring_func: str, num_expert_group: int, topk_group: int,
+                          routed_scaling_factor: float, expert_load: Tensor, w13_scale: Optional[Tensor] = None,
+                          w2_scale: Optional[Tensor] = None) -> Tensor:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _fused_moe_into(y, x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
+                    num_expert_group, topk_group, routed_scaling_factor, w13_scale, w2_scale, expert_load)
+    return y
+
+
+@_fused_moe_counted_op.register_fake
+def _(x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
+      num_expert_group, topk_group, routed_scaling_factor, expert_load, w13_scale=None, w2_scale=None):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("moekit::fused_moe_out_counted", mutates_args=("y", "expert_load"))
+def _fused_moe_out_counted_op(x: Tensor, w13: Tensor, w2: Tensor, router_logits: Optional[Tensor],
+                              w_gate: Optional[Tensor], score_bias: Optional[Tensor], top_k: int,
+                              renormalize: bool, scoring_func: str, num_expert_group: int, topk_group: int,
+                              routed_scaling_factor: float, y: Tensor, expert_load: Tensor,
+                              w13_scale: Optional[Tensor] = None, w2_scale: Optional[Tensor] = None) -> None:
+    _check_no_overlap("fused_moe", "out", y, x=x, w13=w13, w2=w2, router_logits=router_logits, w_gate=w_gate,
+                      e_score_correction_bias=score_bias, w13_scale=w13_scale, w2_scale=w2_scale,
+                      expert_load=expert_load)
+    _fused_moe_into(y, x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
+                    num_expert_group, topk_group, routed_scaling_factor, w13_scale, w2_scale, expert_load)
+
+
+@_fused_moe_out_counted_op.register_fake
+def _(x, w13, w2, router_logits, w_gate, score_bias, top_k, renormalize, scoring_func,
+      num_expert_group, topk_group, routed_scaling_factor, y, expert_load, w13_scale=None, w2_scale=None):
+    return None
+
+
 def _fused_experts_into(y: Tensor, x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
-                        w13_scale: Optional[Tensor], w2_scale: Optional[Tensor]):
+                        w13_scale: Optional[Tensor], w2_scale: Optional[Tensor], expert_load: Optional[Tensor] = None):
     T, H = x.shape
     E, F2 = w13.shape[0], w13.shape[1]
     p = _plan(T, H, F2 // 2, E, topk_ids.shape[1], x.device.index, _precision(w13))
     ws = _workspace(p, x.device)
     _C.experts_forward(p, _dl(x), _dl(w13), _dl(w2), _dl(topk_ids), _dl(topk_weights), _dl(y),
-                       _dl(ws), w13_scale=_dl(w13_scale), w2_scale=_dl(w2_scale), stream=_stream(x.device))
+                       _dl(ws), w13_scale=_dl(w13_scale), w2_scale=_dl(w2_scale), expert_load=_dl(expert_load),
+                       stream=_stream(x.device))
 
 
 @torch.library.custom_op("moekit::fused_experts", mutates_args=())
@@ -113,6 +160,34 @@ def _fused_experts_out_op(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tens
 
 @_fused_experts_out_op.register_fake
 def _(x, w13, w2, topk_weights, topk_ids, y, w13_scale=None, w2_scale=None):
+    return None
+
+
+@torch.library.custom_op("moekit::fused_experts_counted", mutates_args=("expert_load",))
+def _fused_experts_counted_op(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                              expert_load: Tensor, w13_scale: Optional[Tensor] = None,
+                              w2_scale: Optional[Tensor] = None) -> Tensor:
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _fused_experts_into(y, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, expert_load)
+    return y
+
+
+@_fused_experts_counted_op.register_fake
+def _(x, w13, w2, topk_weights, topk_ids, expert_load, w13_scale=None, w2_scale=None):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("moekit::fused_experts_out_counted", mutates_args=("y", "expert_load"))
+def _fused_experts_out_counted_op(x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                                  y: Tensor, expert_load: Tensor, w13_scale: Optional[Tensor] = None,
+                                  w2_scale: Optional[Tensor] = None) -> None:
+    _check_no_overlap("fused_experts", "out", y, x=x, w13=w13, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
+                      w13_scale=w13_scale, w2_scale=w2_scale, expert_load=expert_load)
+    _fused_experts_into(y, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, expert_load)
+
+
+@_fused_experts_out_counted_op.register_fake
+def _(x, w13, w2, topk_weights, topk_ids, y, expert_load, w13_scale=None, w2_scale=None):
     return None
 
 

@@ -122,7 +122,7 @@ def _fail(fn: str, arg: str, what: str):
 
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.int32: "int32",
-                torch.float8_e4m3fn: "float8_e4m3fn"}
+                torch.int64: "int64", torch.float8_e4m3fn: "float8_e4m3fn"}
 
 
 def _check(fn: str, arg: str, t, dtypes: Sequence[torch.dtype], dims: Sequence[tuple],
@@ -208,6 +208,13 @@ def _check_router(fn: str, T: int, H: int, E: int, x, router_logits, w_gate, bia
         _check(fn, "w_gate", w_gate, (torch.bfloat16, torch.float32), (("E", E), ("H", H)), x.device)
     if bias is not None:
         _check(fn, "e_score_correction_bias", bias, (torch.float32,), (("E", E),), x.device)
+
+
+def _check_expert_load(fn: str, expert_load, experts: int, device: torch.device, device_arg: str = "x"):
+    """The opt-in load counter: None, or int64 [E] on the call's device (the C++ entry then checks
+    that it shares no memory with the call's other buffers)."""
+    if expert_load is not None:
+        _check(fn, "expert_load", expert_load, (torch.int64,), (("E", experts),), device, device_arg)
 
 
 def _check_no_overlap(fn: str, arg: str, out: Tensor, **inputs):

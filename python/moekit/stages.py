@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from . import _moekit as _C
-from ._torch_util import _check, _cuda_index, _dl, _fail, _plan, _stream, _workspace
+from ._torch_util import _check, _check_expert_load, _cuda_index, _dl, _fail, _plan, _stream, _workspace
 from .fp8 import blocks
 
 __all__ = ["Workspace", "align", "quantize_tokens", "expert_up", "expert_down", "combine"]
@@ -31,7 +31,8 @@ class Workspace:
     FP8 GEMMs (e4m3 weights with block scales): act is then e4m3, with act_scale, and x_q / x_scale
     hold the quantized tokens."""
 
-    _DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "e4m3": torch.float8_e4m3fn}
+    _DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "i64": torch.int64,
+               "e4m3": torch.float8_e4m3fn}
 
     def __init__(self, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
                  device: Union[torch.device, str, int, None] = None, precision: str = "bf16") -> None:
@@ -55,11 +56,13 @@ class Workspace:
         _C.check_status(self.plan, _dl(self.buffer), stream=_stream(self.device))
 
 
-def align(ws: Workspace, topk_ids: Tensor) -> None:
-    """Stage 2: the expert-sorted, block_m-padded order of topk_ids [T, k] int32, into ws."""
+def align(ws: Workspace, topk_ids: Tensor, expert_load: Optional[Tensor] = None) -> None:
+    """Stage 2: the expert-sorted, block_m-padded order of topk_ids [T, k] int32, into ws.
+    expert_load (int64 [E], optional) gains the call's assignments per expert, as in fused_moe."""
     _check("align", "topk_ids", topk_ids, (torch.int32,), (("T", ws.plan.tokens), ("k", ws.plan.topk)), ws.device,
            "ws")
-    _C.align(ws.plan, _dl(topk_ids), _dl(ws.buffer), stream=_stream(ws.device))
+    _check_expert_load("align", expert_load, ws.plan.experts, ws.device, "ws")
+    _C.align(ws.plan, _dl(topk_ids), _dl(ws.buffer), expert_load=_dl(expert_load), stream=_stream(ws.device))
 
 
 def quantize_tokens(ws: Workspace, x: Tensor) -> None:

@@ -12,6 +12,8 @@ Tensors cross into C++ as DLPack capsules, zero-copy (moekit._torch_util says wh
 The staged API (Workspace, align, expert_up, expert_down, combine(ws)) lives in moekit.stages.
 FP8 experts (DeepSeek-V3's format, ``use_fp8_w8a8=True``) run through the same ops with their
 block scales; moekit.fp8 holds the quantizer and the format's checks.
+Load statistics: ``expert_load=`` (int64 [E]) gains each call's assignments per expert, on the
+device (``MoE(..., track_expert_load=True)`` keeps one as a buffer).
 
 Forward only: no autograd formula is registered (backward is a later stage of moekit).
 """
@@ -28,8 +30,8 @@ from torch import Tensor
 
 from . import _moekit as _C
 from . import _ops  # noqa: F401  registers torch.ops.moekit.*
-from ._torch_util import (_alias, _check, _check_plan, _check_router, _check_routing, _fail, _forward_only,
-                          _grouped_topk, _required, plan)
+from ._torch_util import (_alias, _check, _check_expert_load, _check_plan, _check_router, _check_routing, _fail,
+                          _forward_only, _grouped_topk, _required, plan)
 from .devices import DeviceLike
 from .fp8 import check_fp8_experts, quantize_fp8_weights
 from .hf import ARCH_DEFAULTS, pack_experts, pack_hf_moe, pack_hf_state_dict, routing_from_hf_config
@@ -55,7 +57,7 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
               w13_scale: Optional[Tensor] = None, w2_scale: Optional[Tensor] = None,
               w1_scale: Optional[Tensor] = None, a1_scale: Optional[Tensor] = None,
               a2_scale: Optional[Tensor] = None, block_shape: Optional[Sequence[int]] = None,
-              device_info: DeviceLike = None) -> Tensor:
+              device_info: DeviceLike = None, expert_load: Optional[Tensor] = None) -> Tensor:
     """One MoE layer: y = Σ_j w_j · FFN_{e_j}(x), routing included.
 
     x [T, H] bf16; w13 [E, 2F, H] bf16 (gate rows, then up rows); w2 [E, H, F] bf16. Routing
@@ -93,6 +95,12 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
     the argument: H is x's, F and E are w13's). device_info (a moekit.DeviceInfo or a dict of
     its fields, e.g. moekit.devices.H200) plans that check on a described GPU instead of x's, so
     it runs on a machine without one; the kernels still run with x's GPU's own plan.
+
+    expert_load (int64 [E], contiguous, on x's device; optional): a load counter the call adds its
+    assignments per expert to, in place, on the device (inside align's kernel: no host sync, no
+    extra launch, CUDA-graph and torch.compile safe; exact integer sums). Padding is not counted.
+    moekit never reads or clears it: read it (``.tolist()``, which syncs) and reset it
+    (``.zero_()``) when you choose.
     """
     fn = "fused_moe"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
@@ -114,13 +122,20 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
                   e_score_correction_bias=e_score_correction_bias)
     if out is not None:
         _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
+    _check_expert_load(fn, expert_load, E, x.device)
     _check_plan(fn, T, H, F, E, top_k, "fp8" if use_fp8_w8a8 else "bf16", device_info, x.device)
     args = (x, w13, w2, router_logits, w_gate, e_score_correction_bias, top_k, bool(renormalize), scoring_func,
             n_group, t_group, float(routed_scaling_factor))
     scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
+    ops = torch.ops.moekit
+    if expert_load is not None:  # the counting ops (moekit._ops says why they are ops of their own)
+        if out is None:
+            return ops.fused_moe_counted(*args, expert_load, *scales)
+        ops.fused_moe_out_counted(*args, out, expert_load, *scales)
+        return out
     if out is None:
-        return torch.ops.moekit.fused_moe(*args, *scales)
-    torch.ops.moekit.fused_moe_out(*args, out, *scales)
+        return ops.fused_moe(*args, *scales)
+    ops.fused_moe_out(*args, out, *scales)
     return out
 
 
@@ -130,12 +145,14 @@ def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: 
                   w1: Optional[Tensor] = None, use_fp8_w8a8: bool = False, w13_scale: Optional[Tensor] = None,
                   w2_scale: Optional[Tensor] = None, w1_scale: Optional[Tensor] = None,
                   a1_scale: Optional[Tensor] = None, a2_scale: Optional[Tensor] = None,
-                  block_shape=None) -> Tensor:
+                  block_shape=None, device_info: DeviceLike = None,
+                  expert_load: Optional[Tensor] = None) -> Tensor:
     """The experts with the routing given (vLLM's argument order): topk_weights [T, k] float32,
     topk_ids [T, k] int32 in [0, E). An id outside is not checked on the host (that would sync):
     align skips it and flags the workspace (Workspace.check_status in the staged API), and the
-    token's output is undefined. `out`, vLLM's names (hidden_states = x, w1 = w13) and FP8
-    (use_fp8_w8a8, w1_scale, w2_scale, block_shape) and device_info as in fused_moe."""
+    token's output is undefined (nor is it counted in expert_load). `out`, vLLM's names
+    (hidden_states = x, w1 = w13) and FP8 (use_fp8_w8a8, w1_scale, w2_scale, block_shape),
+    device_info and expert_load as in fused_moe."""
     fn = "fused_experts"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
     w13 = _required(fn, "w13", _alias(fn, "w13", w13, "w1", w1), "w1")
@@ -149,11 +166,18 @@ def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: 
     _forward_only(fn, x=x, w13=w13, w2=w2, topk_weights=topk_weights)
     if out is not None:
         _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
+    _check_expert_load(fn, expert_load, E, x.device)
     _check_plan(fn, T, H, F, E, k, "fp8" if use_fp8_w8a8 else "bf16", device_info, x.device, "topk_ids")
     scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
+    ops, routing = torch.ops.moekit, (x, w13, w2, topk_weights, topk_ids)
+    if expert_load is not None:
+        if out is None:
+            return ops.fused_experts_counted(*routing, expert_load, *scales)
+        ops.fused_experts_out_counted(*routing, out, expert_load, *scales)
+        return out
     if out is None:
-        return torch.ops.moekit.fused_experts(x, w13, w2, topk_weights, topk_ids, *scales)
-    torch.ops.moekit.fused_experts_out(x, w13, w2, topk_weights, topk_ids, out, *scales)
+        return ops.fused_experts(*routing, *scales)
+    ops.fused_experts_out(*routing, out, *scales)
     return out
 
 
@@ -220,13 +244,19 @@ class MoE(torch.nn.Module):
     buffer e_score_correction_bias [E] float32 when score_bias=True (DeepSeek-V3: it is set by
     load balancing, not by gradients). forward(x [..., H]) -> y [..., H]. Forward only: the
     parameters are created frozen (requires_grad=False).
+
+    track_expert_load=True adds the buffer expert_load [E] int64 (zeros; persistent=False, so it
+    is in no state_dict): every forward adds its tokens' assignments per expert to it on the
+    device (fused_moe's expert_load: no host sync, CUDA-graph and torch.compile safe). Read it
+    when you choose (``moe.expert_load.tolist()`` syncs); reset_expert_load() zeroes it.
     """
 
     def __init__(self, hidden: int, inter: int, experts: int, top_k: int, *, renormalize: bool = False,
                  scoring_func: str = "softmax", num_expert_group: Optional[int] = None,
                  topk_group: Optional[int] = None, score_bias: bool = False,
                  routed_scaling_factor: float = 1.0, gate_dtype: torch.dtype = torch.bfloat16,
-                 device: Union[torch.device, str, int, None] = None, dtype: torch.dtype = torch.bfloat16) -> None:
+                 device: Union[torch.device, str, int, None] = None, dtype: torch.dtype = torch.bfloat16,
+                 track_expert_load: bool = False) -> None:
         super().__init__()
         if dtype != torch.bfloat16:
             _fail("MoE", "dtype", f"moekit's experts run in bfloat16, got {dtype}")
@@ -248,6 +278,11 @@ class MoE(torch.nn.Module):
                                  torch.zeros(experts, dtype=torch.float32, device=device))
         else:
             self.e_score_correction_bias = None
+        if track_expert_load:
+            self.register_buffer("expert_load", torch.zeros(experts, dtype=torch.int64, device=device),
+                                 persistent=False)
+        else:
+            self.expert_load = None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -258,13 +293,21 @@ class MoE(torch.nn.Module):
                 bound = fan_in ** -0.5
                 p.uniform_(-bound, bound)
 
+    @torch.no_grad()
+    def reset_expert_load(self) -> None:
+        """Zeroes the expert_load buffer, on the device (ordered on the current stream; no sync)."""
+        if self.expert_load is None:
+            _fail("MoE.reset_expert_load", "track_expert_load", "is False: there is no expert_load to reset "
+                                                                "(construct MoE(..., track_expert_load=True))")
+        self.expert_load.zero_()
+
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         y = fused_moe(x.reshape(-1, self.hidden).contiguous(), self.w13, self.w2, w_gate=self.w_gate,
                       top_k=self.top_k, renormalize=self.renormalize, scoring_func=self.scoring_func,
                       num_expert_group=self.num_expert_group, topk_group=self.topk_group,
                       e_score_correction_bias=self.e_score_correction_bias,
-                      routed_scaling_factor=self.routed_scaling_factor)
+                      routed_scaling_factor=self.routed_scaling_factor, expert_load=self.expert_load)
         return y.view(shape)
 
     def extra_repr(self) -> str:
@@ -276,6 +319,8 @@ class MoE(torch.nn.Module):
             s += ", score_bias=True"
         if self.routed_scaling_factor != 1.0:
             s += f", routed_scaling_factor={self.routed_scaling_factor}"
+        if self.expert_load is not None:
+            s += ", track_expert_load=True"
         return s
 
     @classmethod
@@ -311,4 +356,6 @@ def moe_from_hf(layer: torch.nn.Module, config: object = None, arch: Optional[st
     moe.w2 = torch.nn.Parameter(w2, requires_grad=False)
     if bias is not None:
         moe.e_score_correction_bias = bias
+    if moe.expert_load is not None:  # made on "meta" with the module: a real counter beside the weights
+        moe.expert_load = torch.zeros(E, dtype=torch.int64, device=w13.device)
     return moe

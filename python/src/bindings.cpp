@@ -266,14 +266,16 @@ NB_MODULE(_moekit, m) {
 
   m.def(
       "align",
-      [](const ForwardPlan& plan, nb::handle topk_ids, nb::handle workspace, uintptr_t stream) {
+      [](const ForwardPlan& plan, nb::handle topk_ids, nb::handle workspace, nb::handle expert_load, uintptr_t stream) {
         Call c("align");
-        const Tensor ids = c.in("topk_ids", topk_ids);
+        const Tensor ids = c.in("topk_ids", topk_ids), load = c.out_opt("expert_load", expert_load);
         const Workspace ws = c.workspace(plan, workspace).ws;
-        launch_on_device(c, [&] { moekit::align(plan, ids, ws, as_stream(stream)); });
+        launch_on_device(c, [&] { moekit::align(plan, ids, ws, as_stream(stream), load); });
       },
-      "plan"_a, "topk_ids"_a.none(), "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
-      "Stage 2: the expert-sorted, block_m-padded order of the assignments, in the workspace.");
+      "plan"_a, "topk_ids"_a.none(), "workspace"_a.none(), nb::kw_only(), "expert_load"_a.none() = nb::none(),
+      "stream"_a = 0,
+      "Stage 2: the expert-sorted, block_m-padded order of the assignments, in the workspace. expert_load [E] "
+      "int64 (optional): gains this call's assignments per expert, on the device.");
 
   m.def(
       "expert_up",
@@ -330,7 +332,7 @@ NB_MODULE(_moekit, m) {
       [](const ForwardPlan& plan, nb::handle x, nb::handle w_gate, nb::handle router_logits, nb::handle score_bias,
          nb::handle w13, nb::handle w2, nb::handle y, nb::handle workspace, const std::string& scoring,
          bool renormalize, int64_t n_group, int64_t topk_group, double routed_scaling_factor, nb::handle w13_scale,
-         nb::handle w2_scale, uintptr_t stream) {
+         nb::handle w2_scale, nb::handle expert_load, uintptr_t stream) {
         Call c("moe_forward");
         MoeInputs in;
         in.x = c.in("x", x);
@@ -341,39 +343,41 @@ NB_MODULE(_moekit, m) {
         in.w2 = c.in("w2", w2);
         in.w13_scale = c.in_opt("w13_scale", w13_scale);
         in.w2_scale = c.in_opt("w2_scale", w2_scale);
-        const Tensor ty = c.out("y", y);
+        const Tensor ty = c.out("y", y), load = c.out_opt("expert_load", expert_load);
         const Call::WorkspaceArg w = c.workspace(plan, workspace);
         const RouterOptions o =
             router_options("moe_forward", scoring, renormalize, n_group, topk_group, routed_scaling_factor);
-        launch_on_device(c, [&] { moekit::moe_forward(plan, in, o, ty, w.base, w.bytes, as_stream(stream)); });
+        launch_on_device(c, [&] { moekit::moe_forward(plan, in, o, ty, w.base, w.bytes, as_stream(stream), load); });
       },
       "plan"_a, "x"_a.none(), "w_gate"_a.none(), "router_logits"_a.none(), "score_bias"_a.none(), "w13"_a.none(), "w2"_a.none(), "y"_a.none(),
       "workspace"_a.none(), nb::kw_only(), "scoring"_a = "softmax", "renormalize"_a = false, "n_group"_a = 0,
       "topk_group"_a = 0, "routed_scaling_factor"_a = 1.0, "w13_scale"_a.none() = nb::none(),
-      "w2_scale"_a.none() = nb::none(), "stream"_a = 0,
+      "w2_scale"_a.none() = nb::none(), "expert_load"_a.none() = nb::none(), "stream"_a = 0,
       "The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16. fp8 plans: w13/w2 e4m3 with "
-      "their block scales w13_scale/w2_scale f32 (x is quantized on the device).");
+      "their block scales w13_scale/w2_scale f32 (x is quantized on the device). expert_load [E] int64 (optional): "
+      "gains this call's assignments per expert, on the device (never read or cleared by moekit).");
 
   m.def(
       "experts_forward",
       [](const ForwardPlan& plan, nb::handle x, nb::handle w13, nb::handle w2, nb::handle topk_ids,
          nb::handle topk_weights, nb::handle y, nb::handle workspace, nb::handle w13_scale, nb::handle w2_scale,
-         uintptr_t stream) {
+         nb::handle expert_load, uintptr_t stream) {
         Call c("experts_forward");
         const Tensor tx = c.in("x", x), t13 = c.in("w13", w13), t2 = c.in("w2", w2);
         const Tensor s13 = c.in_opt("w13_scale", w13_scale), s2 = c.in_opt("w2_scale", w2_scale);
         const Tensor ids = c.in("topk_ids", topk_ids), wts = c.in("topk_weights", topk_weights);
-        const Tensor ty = c.out("y", y);
+        const Tensor ty = c.out("y", y), load = c.out_opt("expert_load", expert_load);
         const Call::WorkspaceArg w = c.workspace(plan, workspace);
         launch_on_device(c, [&] {
           moekit::experts_forward(plan, tx, ExpertWeights{t13, t2, s13, s2}, ids, wts, ty, w.base, w.bytes,
-                                  as_stream(stream));
+                                  as_stream(stream), load);
         });
       },
       "plan"_a, "x"_a.none(), "w13"_a.none(), "w2"_a.none(), "topk_ids"_a.none(), "topk_weights"_a.none(), "y"_a.none(), "workspace"_a.none(), nb::kw_only(),
-      "w13_scale"_a.none() = nb::none(), "w2_scale"_a.none() = nb::none(), "stream"_a = 0,
+      "w13_scale"_a.none() = nb::none(), "w2_scale"_a.none() = nb::none(), "expert_load"_a.none() = nb::none(),
+      "stream"_a = 0,
       "Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32); fp8 plans: the weights' "
-      "block scales as in moe_forward.");
+      "block scales, and expert_load, as in moe_forward.");
 
   m.def(
       "check_status",

@@ -1,9 +1,10 @@
 // boundary.hpp — where Python arrays become moekit::Tensor views (bindings.cpp's helpers).
 //
 // A Call converts the arguments of one entry: an array with DLPack support (or a capsule),
-// then its dtype (bf16, f32, i32, or e4m3 — DLPack's float8_e4m3fn, torch.float8_e4m3fn), rank,
-// row-major strides and finally its CUDA device — in that order, so that what is wrong with an
-// array itself is reported on any machine — and throws moekit::Error naming the argument. It
+// then its dtype (bf16, f32, i32, i64 — the load counter's — or e4m3: DLPack's float8_e4m3fn,
+// torch.float8_e4m3fn), rank, row-major strides and finally its CUDA device — in that order, so
+// that what is wrong with an array itself is reported on any machine — and throws moekit::Error
+// naming the argument. It
 // keeps the imported arrays alive for the call and checks that they share one device;
 // DeviceScope makes that device current while the kernels launch.
 #pragma once
@@ -87,6 +88,8 @@ class Call {
   Tensor in_opt(const char* arg, nb::handle h) { return h.is_none() ? Tensor() : in(arg, h); }
   // A required output (written by the kernels).
   Tensor out(const char* arg, nb::handle h) { return convert<OutArray>(arg, h); }
+  // An optional output (expert_load, added to in place): None means "not given".
+  Tensor out_opt(const char* arg, nb::handle h) { return h.is_none() ? Tensor() : out(arg, h); }
 
   // The caller's workspace: a contiguous CUDA byte buffer of at least workspace_bytes(plan), as
   // the raw buffer (for the entries that carve it themselves) and carved.
@@ -137,9 +140,11 @@ class Call {
     if (is_dtype(d, nb::dlpack::dtype_code::Bfloat, 16)) t.dtype = DType::bf16;
     else if (is_dtype(d, nb::dlpack::dtype_code::Float, 32)) t.dtype = DType::f32;
     else if (is_dtype(d, nb::dlpack::dtype_code::Int, 32)) t.dtype = DType::i32;
+    else if (is_dtype(d, nb::dlpack::dtype_code::Int, 64)) t.dtype = DType::i64;
     else if (is_dtype(d, nb::dlpack::dtype_code::Float8_E4M3FN, 8)) t.dtype = DType::e4m3;
     else if (!any_dtype)
-      fail(fn_, arg, "expected dtype bf16, f32, i32 or e4m3 (float8_e4m3fn) (as the entry documents), got " + dtype_str(d));
+      fail(fn_, arg, "expected dtype bf16, f32, i32, i64 or e4m3 (float8_e4m3fn) (as the entry documents), got " +
+                         dtype_str(d));
     const size_t nd = a.ndim();
     if (nd > size_t(Tensor::kMaxRank) && !any_dtype)
       fail(fn_, arg, "expected at most " + std::to_string(Tensor::kMaxRank) + " dimensions, got " + std::to_string(nd));

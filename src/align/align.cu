@@ -1,5 +1,6 @@
 // align.cu — stage 2 on the host: align() validates its arguments; launch_align runs the
-// planner's kernel (plan.align): one warp for decode's few ids, one CTA, or a cooperative grid.
+// planner's kernel (plan.align): one warp for decode's few ids, one CTA, or a cooperative grid,
+// each in the instance with the opt-in load counter when the caller gives one (expert_load).
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
@@ -13,7 +14,8 @@
 
 namespace moekit {
 
-void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws, cudaStream_t stream) {
+void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws, cudaStream_t stream,
+           const Tensor& expert_load) {
   const char* fn = "align";
   const MoeShape& s = plan.shape;
   detail::expect_plan(plan, fn);
@@ -25,9 +27,16 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
   detail::expect_tensor(fn, "ws.status", ws.status, DType::i32, {1});
   if (plan.align == AlignKernel::grid)
     detail::expect_tensor(fn, "ws.align_scratch", ws.align_scratch, DType::i32, {int64_t(kAlignMaxCtas), s.experts + 1});
+  using detail::span_of;
+  detail::expect_expert_load(fn, expert_load, s.experts,
+                             {span_of("topk_ids", topk_ids), span_of("ws.sorted_ids", ws.sorted_ids),
+                              span_of("ws.block_expert", ws.block_expert),
+                              span_of("ws.num_rows_padded", ws.num_rows_padded),
+                              span_of("ws.expert_counts", ws.expert_counts), span_of("ws.status", ws.status),
+                              span_of("ws.align_scratch", ws.align_scratch)});
   nvtxRangePushA("moekit.align");
   detail::launch_align(plan.align, topk_ids.as<const int32_t>(), s.tokens * s.topk, int(s.experts), plan.block_m(),
-                       detail::align_outputs(plan, ws), stream);
+                       detail::align_outputs(plan, ws), expert_load.as<int64_t>(), stream);
   nvtxRangePop();
 }
 
@@ -39,9 +48,59 @@ AlignOutputs align_outputs(const ForwardPlan& plan, const Workspace& ws) {
           plan.max_blocks()};
 }
 
+namespace {
+namespace ka = kernels::align;
+
+// One instance's one-time setup on the current device: the dynamic shared-memory limits, for the
+// largest E (not per call), and how many grid CTAs can be resident at once (a cooperative launch
+// needs all of them), capped by the scratch's rows. Returns that CTA count.
+template <bool kCountLoad>
+int set_up_instance(int device) {
+  MK_CUDA_CHECK(cudaFuncSetAttribute(ka::align_kernel<kCountLoad>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     int(ka::smem_bytes(int(kMaxExperts)))));
+  const int smem = int(ka::grid_smem_bytes(int(kMaxExperts)));
+  MK_CUDA_CHECK(
+      cudaFuncSetAttribute(ka::align_grid_kernel<kCountLoad>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int sms = 0, per_sm = 0;
+  MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ka::align_grid_kernel<kCountLoad>,
+                                                              ka::kThreads, size_t(smem)));
+  return std::max(1, std::min(kAlignMaxCtas, sms * std::max(per_sm, 1)));
+}
+
+// The grid kernel's resident CTAs of each instance (index: kCountLoad). Both instances are set up
+// together, on the first align on a device, so that a CUDA graph captured after eager calls
+// without the counter may add one (capture needs the setup done beforehand).
+struct GridCtas {
+  int of[2];
+};
+GridCtas set_up(int device) { return {{set_up_instance<false>(device), set_up_instance<true>(device)}}; }
+
+template <bool kCountLoad>
+void launch_instance(AlignKernel kernel, const ka::Params& p, int grid_max_ctas, cudaStream_t stream) {
+  switch (kernel) {
+    case AlignKernel::warp:
+      launch_pdl("align_warp_kernel", ka::align_warp_kernel<kCountLoad>, dim3(1), dim3(32), 0, stream, p);
+      return;
+    case AlignKernel::cta:
+      launch_pdl("align_kernel", ka::align_kernel<kCountLoad>, dim3(1), dim3(ka::kThreads), ka::smem_bytes(p.experts),
+                 stream, p);
+      return;
+    case AlignKernel::grid: {
+      // At least a few rounds per warp: no CTA is launched to count a handful of ids.
+      const int64_t wanted = (p.num_assign + 4 * ka::kThreads - 1) / (4 * ka::kThreads);
+      const int ctas = int(std::max<int64_t>(1, std::min<int64_t>(grid_max_ctas, wanted)));
+      launch_cooperative("align_grid_kernel", ka::align_grid_kernel<kCountLoad>, dim3(unsigned(ctas)),
+                         dim3(ka::kThreads), ka::grid_smem_bytes(p.experts), stream, p);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
 void launch_align(AlignKernel kernel, const int32_t* topk_ids, int64_t assignments, int experts, int block_m,
-                  const AlignOutputs& out, cudaStream_t stream) {
-  namespace ka = kernels::align;
+                  const AlignOutputs& out, int64_t* expert_load, cudaStream_t stream) {
   ka::Params p{};
   p.topk_ids = topk_ids;
   p.sorted_ids = out.sorted_ids;
@@ -54,41 +113,11 @@ void launch_align(AlignKernel kernel, const int32_t* topk_ids, int64_t assignmen
   p.max_blocks = out.max_blocks;
   p.experts = experts;
   p.block_m = block_m;
-  // Raise the dynamic shared-memory limit once per device, for the largest E (not per call).
-  static PerDevice<bool> raised;
-  raised.get([](int) {
-    MK_CUDA_CHECK(cudaFuncSetAttribute(ka::align_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(ka::smem_bytes(int(kMaxExperts)))));
-    return true;
-  });
-  switch (kernel) {
-    case AlignKernel::warp:
-      launch_pdl("align_warp_kernel", ka::align_warp_kernel, dim3(1), dim3(32), 0, stream, p);
-      return;
-    case AlignKernel::cta:
-      launch_pdl("align_kernel", ka::align_kernel, dim3(1), dim3(ka::kThreads), ka::smem_bytes(p.experts), stream, p);
-      return;
-    case AlignKernel::grid: {
-      // Once per device: the shared-memory limit and how many CTAs can be resident at once (a
-      // cooperative launch needs all of them), capped by the scratch's rows.
-      static PerDevice<int> per_device;
-      const int max_ctas = per_device.get([](int device) {
-        const int smem = int(ka::grid_smem_bytes(int(kMaxExperts)));
-        MK_CUDA_CHECK(cudaFuncSetAttribute(ka::align_grid_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        int sms = 0, per_sm = 0;
-        MK_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        MK_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ka::align_grid_kernel, ka::kThreads,
-                                                                    size_t(smem)));
-        return std::max(1, std::min(kAlignMaxCtas, sms * std::max(per_sm, 1)));
-      });
-      // At least a few rounds per warp: no CTA is launched to count a handful of ids.
-      const int64_t wanted = (p.num_assign + 4 * ka::kThreads - 1) / (4 * ka::kThreads);
-      const int ctas = int(std::max<int64_t>(1, std::min<int64_t>(max_ctas, wanted)));
-      launch_cooperative("align_grid_kernel", ka::align_grid_kernel, dim3(unsigned(ctas)), dim3(ka::kThreads),
-                         ka::grid_smem_bytes(p.experts), stream, p);
-      return;
-    }
-  }
+  p.expert_load = expert_load;
+  static PerDevice<GridCtas> per_device;
+  const GridCtas grid = per_device.get(set_up);
+  if (expert_load) launch_instance<true>(kernel, p, grid.of[1], stream);
+  else launch_instance<false>(kernel, p, grid.of[0], stream);
 }
 
 }  // namespace detail

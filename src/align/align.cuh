@@ -10,6 +10,8 @@
 // padding rows and block_expert, a warp per expert. Pass 2: each warp walks its segment again
 // and writes each assignment at its slot. Segments in warp order and ranks in lane order make
 // the order inside an expert ascending: the sort is stable.
+// Each kernel is instantiated twice: kCountLoad adds the call's counts to the caller's load
+// counter (store_expert_count), and without it the kernel is the one it was before the counter.
 //
 // NOTES: decode has T*k of 2..512, so the kernel is a chain of latencies, not a bandwidth
 // problem: only ceil(T*k/32) warps (at most 32) take part in the passes and the column sums,
@@ -37,6 +39,20 @@ static_assert(kThreads >= kMaxExperts, "align: a thread per expert in the totals
 
 // Dynamic shared memory: s_rows[kWarps][E], s_start[E+1], s_total[E].
 inline size_t smem_bytes(int experts) { return size_t(kWarps * experts + 2 * experts + 1) * 4; }
+
+// Expert e's count of this call (real assignments: padding and out-of-range ids are not in it),
+// stored by the one thread that holds it, which also adds it to the opt-in load counter. NOTES:
+// one thread per expert, so no two threads of a call touch one counter; the add is still a
+// 64-bit integer atomic, a RED the thread does not wait for (a load-add-store would put a global
+// load's latency on decode's critical path), which also keeps calls on two streams that share a
+// counter exact. Integer addition is exact and associative: the total is deterministic in any
+// order. kCountLoad = false leaves the plain store, so that kernel's code is unchanged.
+template <bool kCountLoad>
+__device__ __forceinline__ void store_expert_count(const Params& p, int e, int32_t count) {
+  p.expert_counts[e] = count;
+  if constexpr (kCountLoad)
+    atomicAdd(reinterpret_cast<unsigned long long*>(p.expert_load) + e, static_cast<unsigned long long>(count));
+}
 
 // The warp's segment of the assignments [begin, end), as rounds of 32; empty for inactive warps.
 struct Segment {
@@ -150,6 +166,7 @@ __device__ __forceinline__ void scan_padded_starts(int32_t total, Blocks blocks,
 // and lost to the CTA kernel in-graph (Qwen3 T=64 6.3 -> 9.8 us, DeepSeek-V3 7.8 -> 10.5): the
 // rounds are one serial chain of match_any and shared-memory updates.
 
+template <bool kCountLoad>
 __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
   dev::pdl_enter();
   __shared__ int32_t s_count[kMaxExperts];      // running counts, then the totals
@@ -199,7 +216,7 @@ __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
   // Coalesced, lane-strided: the counts, block_expert = -1 past the used blocks, and every used
   // row first set to padding (n) and then overwritten by pass 2 (a per-expert padding loop was
   // up to 15 scattered stores per expert per lane: ~1 us at 128 assignments).
-  for (int e = lane; e < E; e += 32) p.expert_counts[e] = s_count[e];
+  for (int e = lane; e < E; e += 32) store_expert_count<kCountLoad>(p, e, s_count[e]);
   mark_unused_blocks(p.block_expert, used, blocks, p.max_blocks, lane, 32);
   if ((reinterpret_cast<uintptr_t>(p.sorted_ids) & 15) == 0 && (used & 3) == 0) {  // 4 rows a store
     const int4 pad = make_int4(n, n, n, n);
@@ -213,6 +230,7 @@ __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
     if (e_of[i] >= 0) p.sorted_ids[s_start[e_of[i]] + slot[i]] = i * 32 + lane;
 }
 
+template <bool kCountLoad>
 __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   dev::pdl_enter();
   extern __shared__ int32_t smem[];
@@ -231,7 +249,7 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   const bool any_out_of_range = count_segments(p.topk_ids, E, seg, s_rows, total);
   if (tid == 0) *p.status = any_out_of_range ? kStatusExpertIdOutOfRange : 0;
   if (tid < E) {
-    p.expert_counts[tid] = total;
+    store_expert_count<kCountLoad>(p, tid, total);
     s_total[tid] = total;
   }
 
@@ -266,6 +284,7 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
 // Dynamic shared memory: s_rows[kWarps][E], s_start[E+1], s_total[E], s_before[E].
 inline size_t grid_smem_bytes(int experts) { return size_t(kWarps * experts + 3 * experts + 1) * 4; }
 
+template <bool kCountLoad>
 __global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
   dev::pdl_enter();
   extern __shared__ int32_t smem[];
@@ -309,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
     }
     s_total[tid] = total;
     s_before[tid] = before;
-    if (c == 0) p.expert_counts[tid] = total;
+    if (c == 0) store_expert_count<kCountLoad>(p, tid, total);
   }
   if (c == 0 && tid == 0) {
     int32_t flags = 0;

@@ -24,7 +24,9 @@ struct AlignOutputs {
 AlignOutputs align_outputs(const ForwardPlan& plan, const Workspace& ws);
 
 // T = 0 still launches: the GEMMs read num_rows_padded = 0 and block_expert = -1 from it.
+// expert_load [experts] (the caller's load counter, validated) or nullptr: when given, the kernel's
+// counting instance adds this call's counts to it; nullptr runs the kernel without the counter.
 void launch_align(AlignKernel kernel, const int32_t* topk_ids, int64_t assignments, int experts, int block_m,
-                  const AlignOutputs& out, cudaStream_t stream);
+                  const AlignOutputs& out, int64_t* expert_load, cudaStream_t stream);
 
 }  // namespace moekit::detail

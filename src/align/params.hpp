@@ -24,6 +24,9 @@ struct Params {
   int64_t num_assign;       // T*k
   int64_t max_blocks;
   int experts, block_m;
+  // [E]: the caller's load counter, or nullptr; read only by the kernels instantiated with
+  // kCountLoad = true (align.cuh). Last, so the other fields keep their offsets either way.
+  int64_t* expert_load;
 };
 
 }  // namespace moekit::kernels::align

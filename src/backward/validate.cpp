@@ -25,15 +25,9 @@ void expect_when(const char* entry, const char* arg, bool used, const Tensor& t,
   }
 }
 
-struct Span {
-  const char* name;
-  uintptr_t begin, end;
-};
 void add_span(std::vector<Span>& spans, const char* name, const Tensor& t) {
-  if (t.given() && t.bytes() > 0)
-    spans.push_back({name, reinterpret_cast<uintptr_t>(t.data), reinterpret_cast<uintptr_t>(t.data) + uintptr_t(t.bytes())});
+  if (t.given() && t.bytes() > 0) spans.push_back(span_of(name, t));
 }
-bool overlap(const Span& a, const Span& b) { return a.begin < b.end && b.begin < a.end; }
 
 }  // namespace
 
@@ -92,8 +86,7 @@ BackwardWorkspace check_backward(const BackwardPlan& p, const BackwardInputs& in
   add_span(outputs, "d_w_gate", g.d_w_gate);
   Pieces sizes;
   lay_out_backward_workspace(p, sizes);
-  const Span wspan{"workspace", reinterpret_cast<uintptr_t>(workspace),
-                   reinterpret_cast<uintptr_t>(workspace) + uintptr_t(sizes.bytes())};
+  const Span wspan = span_of("workspace", workspace, size_t(sizes.bytes()));
   for (size_t i = 0; i < outputs.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
       if (overlap(outputs[i], outputs[j]))

@@ -9,6 +9,7 @@ const char* dtype_name(DType d) {
     case DType::f32: return "f32";
     case DType::i32: return "i32";
     case DType::e4m3: return "e4m3";
+    case DType::i64: return "i64";
   }
   return "?";
 }
@@ -19,6 +20,7 @@ int64_t dtype_bytes(DType d) {
     case DType::e4m3: return 1;
     case DType::f32:
     case DType::i32: return 4;
+    case DType::i64: return 8;
   }
   return 0;
 }

@@ -182,4 +182,38 @@ void expect_workspace(const ForwardPlan& plan, const Workspace& ws, const char* 
     expect_tensor(entry, "ws.align_scratch", ws.align_scratch, DType::i32, {int64_t(kAlignMaxCtas), s.experts + 1});
 }
 
+Span span_of(const char* name, const Tensor& t) {
+  if (!t.given() || t.data == nullptr || t.numel() <= 0) return {name, 0, 0};
+  return span_of(name, t.data, size_t(t.bytes()));
+}
+
+Span span_of(const char* name, const void* base, size_t bytes) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(base);
+  return base == nullptr ? Span{name, 0, 0} : Span{name, begin, begin + uintptr_t(bytes)};
+}
+
+bool overlap(const Span& a, const Span& b) {
+  return a.begin < a.end && b.begin < b.end && a.begin < b.end && b.begin < a.end;
+}
+
+bool expect_expert_load(const char* entry, const Tensor& expert_load, int64_t experts,
+                        const std::vector<Span>& others) {
+  constexpr const char* arg = "expert_load";
+  if (!expert_load.given()) return false;
+  if (expert_load.dtype != DType::i64)
+    fail(entry, arg, std::string("expected dtype i64 (64-bit counts), got ") + dtype_name(expert_load.dtype));
+  if (expert_load.rank != 1 || expert_load.shape[0] != experts)
+    fail(entry, arg, "expected shape [" + std::to_string(experts) + "] (one count per expert), got " +
+                         expert_load.shape_str());
+  if (expert_load.data == nullptr) fail(entry, arg, "data pointer is null");
+  if (reinterpret_cast<uintptr_t>(expert_load.data) % 8 != 0)
+    fail(entry, arg, "data pointer must be 8-byte aligned (64-bit counts)");
+  const Span mine = span_of(arg, expert_load);
+  for (const Span& other : others)
+    if (overlap(mine, other))
+      fail(entry, arg, std::string("overlaps '") + other.name +
+                           "' in memory: the counter is added to while the layer uses it; give it a buffer of its own");
+  return true;
+}
+
 }  // namespace moekit::detail

@@ -3,9 +3,11 @@
 // entries run them once, then call the stages' unchecked internal launchers (<stage>/launch.hpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "moekit/moe.hpp"
 
@@ -52,5 +54,23 @@ void expect_plan(const ForwardPlan& plan, const char* entry);
 void expect_plan_sizes(const ForwardPlan& plan, const char* entry);
 // moekit's kernels are built for sm_90a: the device must be a Hopper.
 void expect_hopper(const DeviceInfo& device, const char* entry);
+
+// A named byte range [begin, end) of memory, for the checks that one buffer does not alias
+// another; of tensors already validated (their byte counts fit). An absent or empty tensor's span
+// is empty, and an empty span overlaps nothing.
+struct Span {
+  const char* name;
+  uintptr_t begin, end;
+};
+Span span_of(const char* name, const Tensor& t);
+Span span_of(const char* name, const void* base, size_t bytes);
+bool overlap(const Span& a, const Span& b);
+
+// The opt-in load counter (moe.hpp, "Load statistics"): absent, or [E] i64 with a non-null,
+// 8-byte aligned pointer (its elements are added to one at a time: no 16-byte vectors), sharing
+// no byte with `others` — every buffer the entry reads or writes, since the counter is added to
+// while they are in use. Every failure names 'expert_load'. Returns whether it was given.
+bool expect_expert_load(const char* entry, const Tensor& expert_load, int64_t experts,
+                        const std::vector<Span>& others);
 
 }  // namespace moekit::detail

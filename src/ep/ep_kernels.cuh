@@ -1,7 +1,8 @@
 // ep_kernels.cuh — the device side of an expert-parallel step (moekit/ep_nccl.hpp): the slot of
-// every assignment, the packing of the send buffer and the receiver's block table. The send order
-// is align's (block_m = 1 over the R*S slots); the combine is combine's, gathered
-// (combine/combine_launch.hpp). Each kernel is the device twin of a host layout of ep.hpp.
+// every assignment, the packing of the send buffer, the receiver's block table, and the opt-in
+// load counter's per-expert counts of this rank's assignments. The send order is align's
+// (block_m = 1 over the R*S slots); the combine is combine's, gathered (combine/combine_launch.hpp).
+// Each kernel is the device twin of a host layout of ep.hpp.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,6 +61,28 @@ __device__ __forceinline__ void warp_exclusive_scan(const int32_t* counts, int n
   int32_t at = incl - sum;
   for (int i = begin; i < end; ++i) s_start[i] = at, at += counts[i];
   if (lane == 31) s_start[n] = incl;
+}
+
+// ---- load: this rank's assignments per global expert, into the caller's counter --------------
+// Expert e's assignments from this rank are the send-order counts of the slots that hold it
+// (align's counts over the R*S slots), summed over its replicas in slot order. Thread e adds them
+// to expert_load[e]: one thread per expert, a 64-bit integer RED (align.cuh, store_expert_count,
+// says why an atomic with one writer per element). Launched only when the caller gives a counter.
+struct LoadParams {
+  const int32_t* slot_counts;      // [R*S]: align's expert_counts over the slots
+  const int32_t* replica_offsets;  // [E+1]
+  const int32_t* replica_slots;    // [E + replicas]
+  int64_t* expert_load;            // [E]
+  int experts;
+};
+
+__global__ void __launch_bounds__(kMaxExperts) load_kernel(LoadParams p) {
+  dev::pdl_enter();
+  const int e = int(threadIdx.x);
+  if (e >= p.experts) return;
+  int64_t count = 0;
+  for (int32_t i = p.replica_offsets[e]; i < p.replica_offsets[e + 1]; ++i) count += p.slot_counts[p.replica_slots[i]];
+  atomicAdd(reinterpret_cast<unsigned long long*>(p.expert_load) + e, static_cast<unsigned long long>(count));
 }
 
 // ---- pack: rows into the send buffer in align's order ----------------------------------------

@@ -210,7 +210,8 @@ void EpLayer::exchange_only(cudaStream_t stream) {
 
 // ---- forward ---------------------------------------------------------------------------------
 void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& w13,
-                      const Tensor& w2, const Tensor& y, int64_t token_offset, cudaStream_t stream) {
+                      const Tensor& w2, const Tensor& y, int64_t token_offset, cudaStream_t stream,
+                      const Tensor& expert_load) {
   constexpr const char* kEntry = "EpLayer::forward";
   const MoeShape& s = opt_.shape;
   const int64_t R = placement_.ranks, S = placement_.slots_per_rank, k = s.topk, H = s.hidden, F = s.inter;
@@ -226,6 +227,11 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
   detail::expect_tensor(kEntry, "w2", w2, DType::bf16, {S, H, F});
   detail::expect_tensor(kEntry, "y", y, DType::bf16, {T, H});
   if (token_offset < 0) fail(kEntry, "token_offset", "must be >= 0, got " + str(token_offset));
+  using detail::span_of;
+  detail::expect_expert_load(kEntry, expert_load, s.experts,
+                             {span_of("x", x), span_of("topk_ids", topk_ids), span_of("topk_weights", topk_weights),
+                              span_of("w13", w13), span_of("w2", w2), span_of("y", y),
+                              span_of("the layer's buffers", buf_->base, bytes_)});
   int device = -1;
   MK_CUDA_CHECK(cudaGetDevice(&device));
   if (device != comm_.device())
@@ -258,9 +264,16 @@ void EpLayer::forward(const Tensor& x, const Tensor& topk_ids, const Tensor& top
   detail::launch_pdl("ep.route_kernel", kernels::ep::route_kernel, dim3(unsigned(route_ctas)),
                      dim3(kernels::ep::kRouteThreads), 0, stream, rp);
   // order: align over the R*S slots, block_m = 1 (plan_dispatch's stable counting sort).
+  // align counts slots, not experts: the load counter is not its (nullptr); load_kernel sums the
+  // slots of each expert into it.
   detail::launch_align(tuning::plan_align(A), b.slot, A, int(R * S), 1,
                        {b.order, b.order_blocks, b.order_rows, b.slot_counts, b.status, b.align_scratch, s.tokens * k},
-                       stream);
+                       nullptr, stream);
+  if (expert_load.given()) {
+    const kernels::ep::LoadParams lp{b.slot_counts, b.replica_offsets, b.replica_slots, expert_load.as<int64_t>(),
+                                     int(s.experts)};
+    detail::launch_pdl("ep.load_kernel", kernels::ep::load_kernel, dim3(1), dim3(unsigned(kMaxExperts)), 0, stream, lp);
+  }
   // pack
   if (decode) MK_CUDA_CHECK(cudaMemsetAsync(b.overflow, 0, 4, stream));
   kernels::ep::PackParams pp{x.as<const __nv_bfloat16>(),

@@ -1,8 +1,9 @@
 // validation_fuzz.cpp — libFuzzer target over moekit's host-side planning and validation: a shape,
 // a device description, GEMM configs and split-K drawn from the input go through plan_forward,
 // plan_forward_heuristic, plan_forward_with, workspace_bytes and carve_workspace (also of plans
-// edited after planning), the stage validators (detail::expect_*: the public stage entries call
-// CUDA right after them), the backward's planner and workspace, and — for accepted small shapes —
+// edited after planning), the stage validators (detail::expect_*, the load counter's too: the
+// public stage entries call CUDA right after them), the backward's planner and workspace, and — for
+// accepted small shapes —
 // the CPU align oracle (ref::align) with ids drawn from the input. The contract: every rejection is
 // a moekit::Error naming an argument; nothing crashes or trips ASan/UBSan; accepted plans have
 // sane sizes; ref::align's layout keeps its invariants.
@@ -149,13 +150,21 @@ void fuzz_stage_validators(const ForwardPlan& p, Bytes& in) {
   accepted([&] { detail::expect_plan_sizes(p, "fuzz"); });
   // A tensor with fuzzed dims against a fuzzed expected shape.
   const int64_t d0 = in.dim(), d1 = in.dim();
-  const Tensor t(base, DType(in.u8() % 4), {d0, d1});
+  const Tensor t(base, DType(in.u8() % 5), {d0, d1});
   accepted([&] { detail::expect_tensor("fuzz", "t", t, t.dtype, {d0, d1}); });
   accepted([&] { detail::expect_optional("fuzz", "t", t, DType::bf16, {in.dim(), d1}); });
   const MoeShape& s = p.shape;
   accepted([&] {
     detail::expect_expert_weights("fuzz", p, "w13", Tensor(base, DType::bf16, {s.experts, 2 * s.inter, s.hidden}),
                                   "w13_scale", Tensor(), 2 * s.inter, s.hidden, w13_scale_rows(s.inter));
+  });
+  // The load counter: a fuzzed dtype, length and alignment, over the workspace or beside it.
+  const Tensor load(static_cast<char*>(base) + (in.u8() % 4) * 4 + (in.u8() & 1) * bytes, DType(in.u8() % 5),
+                    {in.dim()});
+  accepted([&] {
+    detail::expect_expert_load("fuzz", load, s.experts,
+                               {detail::span_of("ws.expert_counts", ws.expert_counts),
+                                detail::span_of("workspace", base, bytes)});
   });
   accepted([&] { detail::checked_mul("fuzz", "a", "a*b", in.dim(), in.dim()); });
   accepted([&] { detail::checked_add("fuzz", "a", "a+b", in.dim(), in.dim()); });

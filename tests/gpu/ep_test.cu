@@ -8,7 +8,8 @@
 //     outputs equal the reference's rows, with the same tile configs and down_splits = 1;
 //   - a decode capacity too small: the overflow count is exactly the host plan's
 //     (plan_decode_dispatch), check() names options.capacity, and every token none of whose
-//     assignments overflowed is still bitwise the reference.
+//     assignments overflowed is still bitwise the reference;
+//   - the load counter (expert_load) gains the histogram of this rank's ids, through replicas too.
 // R = 1 runs in this process (gpu-check, one GPU). R = 2 and R = #GPUs (<= 8) run as R processes
 // (spawn_ranks re-executes this binary, filtered to EpMultiRank) and skip visibly below 2 GPUs.
 #include <cuda_runtime_api.h>
@@ -197,14 +198,17 @@ void check_case(const ep::Communicator& comm, const Case& c, uint64_t seed, cuda
     return out;
   };
 
+  DeviceBuffer<int64_t> load(std::vector<int64_t>(size_t(E), 0));  // the counter, zeroed
+  const Tensor loadt(load.ptr, DType::i64, {E});
   ep::EpOptions opt{.shape = MoeShape{t_max, H, F, E, k}, .mode = c.mode, .capacity = 0, .up = cfg, .down = cfg};
   ep::EpLayer layer(comm, p, opt);
   const ep::DispatchLayout plan = ep::plan_dispatch(p, ids_local.data(), T, k, t0, rank);
   if (!decode) {
     y.poison();
-    layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream);
+    layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream, loadt);
     EXPECT_NO_THROW(layer.check(stream));
     expect_rows_equal(nullptr, "prefill");
+    EXPECT_EQ(load.download(), expert_histogram(ids_local, E)) << "expert_load";
     EXPECT_EQ(layer.stats(stream).rows_sent, sent_per_destination(plan.slot_counts)) << "rows sent per destination";
     y.poison();  // a second step on the same buffers gives the same bits
     layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream);
@@ -213,7 +217,7 @@ void check_case(const ep::Communicator& comm, const Case& c, uint64_t seed, cuda
   }
   {
     layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream);  // eager first: NCCL sets up its connections
-    CapturedGraph graph(stream, [&] { layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream); });
+    CapturedGraph graph(stream, [&] { layer.forward(xt, idt, wt, w13t, w2t, yt, t0, stream, loadt); });
     y.poison();
     graph.launch(stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -221,6 +225,7 @@ void check_case(const ep::Communicator& comm, const Case& c, uint64_t seed, cuda
     EXPECT_NO_THROW(layer.check(stream));
     EXPECT_EQ(layer.stats(stream).overflow, 0);
     // New inputs in the same buffers: the replay must follow them (no host state baked in).
+    const std::vector<int32_t> ids_first = ids_local;
     hash_fill_device(w.x.ptr, int64_t(w.x.count), seed + 77, 1.0f);
     MK_CUDA_CHECK(cudaDeviceSynchronize());
     reference();
@@ -228,6 +233,9 @@ void check_case(const ep::Communicator& comm, const Case& c, uint64_t seed, cuda
     graph.launch(stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
     expect_rows_equal(nullptr, "decode graph replayed on new inputs");
+    std::vector<int32_t> both = ids_first;  // the two replays' routings
+    both.insert(both.end(), ids_local.begin(), ids_local.end());
+    EXPECT_EQ(load.download(), expert_histogram(both, E)) << "expert_load after two replays";
   }
   {
     // Capacity 2 rows per destination: overflow, counted exactly as the host plan says.

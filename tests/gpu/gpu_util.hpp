@@ -183,6 +183,14 @@ inline std::vector<int32_t> make_routing(RoutingKind kind, int64_t T, int64_t k,
   return ids;
 }
 
+// Assignments per expert of `ids` (the load counter's oracle): ids outside [0, E) are not counted.
+inline std::vector<int64_t> expert_histogram(const std::vector<int32_t>& ids, int64_t E) {
+  std::vector<int64_t> h(static_cast<size_t>(E), 0);
+  for (int32_t e : ids)
+    if (e >= 0 && e < E) ++h[size_t(e)];
+  return h;
+}
+
 // Exactly `counts[e]` assignments per expert (sum must be T*k, each token's ids distinct when
 // counts allow): used for the 0 / 1 / BLOCK_M / BLOCK_M+1 cases. Assignment a goes to the expert
 // round-robin over a per-expert quota, which keeps a token's k ids distinct when every count <= T.

@@ -1,4 +1,4 @@
-"""Helpers of the GPU tests: seeded inputs, poisoned outputs and the error bound."""
+"""Helpers of the GPU tests: seeded inputs, poisoned outputs, the error bound and graph capture."""
 import torch
 
 # bf16 operands and bf16 intermediates (act, the weighted rows, y) against an FP32 reference on
@@ -29,3 +29,17 @@ def poison_(buf: torch.Tensor) -> torch.Tensor:
 def small_layer(H=1024, F=512, E=16, seed=0) -> dict:
     return dict(w_gate=randn(E, H, seed=seed, std=H ** -0.5), w13=randn(E, 2 * F, H, seed=seed + 1, std=H ** -0.5),
                 w2=randn(E, H, F, seed=seed + 2, std=F ** -0.5))
+
+
+def capture(fn):
+    """torch.cuda.graph capture of fn() after a warm-up on a side stream (the documented recipe)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out

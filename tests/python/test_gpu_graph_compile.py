@@ -9,7 +9,7 @@ import moekit  # noqa: E402
 import moekit.stages as stages  # noqa: E402
 import moekit.torch as mt  # noqa: E402
 
-from gpu_util import randn, small_layer  # noqa: E402
+from gpu_util import capture, randn, small_layer  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -81,20 +81,6 @@ def test_out_variant_under_compile_and_graph_capture(layer):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, moe(layer, x))
-
-
-def capture(fn):
-    """torch.cuda.graph capture of fn() after a warm-up on a side stream (the documented recipe)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
 
 
 @pytest.mark.parametrize("T", [1, 200])

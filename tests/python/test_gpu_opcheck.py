@@ -32,7 +32,8 @@ def routed(w, x):
 @pytest.fixture(scope="module")
 def cases(w):
     """{name: (op, args)}: every op, its routing options varied (plain; grouped, sigmoid, biased, scaled),
-    the layer ops also with FP8 experts (e4m3 weights and their block scales as trailing arguments)."""
+    the layer ops also with FP8 experts (e4m3 weights and their block scales as trailing arguments),
+    and the counting ops (*_counted: the load counter, int64 [E], written in place)."""
     x = randn(T, H, seed=1)
     logits = randn(T, E, seed=2, dtype=torch.float32)
     bias = randn(E, seed=3, dtype=torch.float32, std=0.1)
@@ -42,6 +43,7 @@ def cases(w):
     layer = (x, w["w13"], w["w2"])
     q13, s13, q2, s2 = moekit.quantize_fp8_weights(w["w13"], w["w2"])
     fp8, scales = (x, q13, q2), (s13, s2)
+    load = torch.zeros(E, dtype=torch.int64, device="cuda")
     return {
         "fused_moe w_gate": (ops.fused_moe, layer + (None, w["w_gate"], None) + plain),
         "fused_moe logits grouped": (ops.fused_moe, layer + (logits, None, bias) + grouped),
@@ -52,6 +54,11 @@ def cases(w):
         "fused_moe_out fp8": (ops.fused_moe_out, fp8 + (logits, None, bias) + grouped + (poisoned(T, H),) + scales),
         "fused_experts fp8": (ops.fused_experts, fp8 + (topk_w, topk_ids) + scales),
         "fused_experts_out fp8": (ops.fused_experts_out, fp8 + (topk_w, topk_ids, poisoned(T, H)) + scales),
+        "fused_moe_counted": (ops.fused_moe_counted, layer + (None, w["w_gate"], None) + plain + (load,)),
+        "fused_moe_out_counted fp8": (ops.fused_moe_out_counted,
+                                      fp8 + (logits, None, bias) + grouped + (poisoned(T, H), load) + scales),
+        "fused_experts_counted": (ops.fused_experts_counted, layer + (topk_w, topk_ids, load)),
+        "fused_experts_out_counted": (ops.fused_experts_out_counted, layer + (topk_w, topk_ids, poisoned(T, H), load)),
         "route x w_gate": (ops.route, (x, w["w_gate"], None, None) + plain),
         "route logits grouped": (ops.route, (None, None, logits, bias) + grouped),
         "combine": (ops.combine, (randn(T * K, H, seed=4), K)),
@@ -60,6 +67,7 @@ def cases(w):
 
 CASES = ["fused_moe w_gate", "fused_moe logits grouped", "fused_moe_out", "fused_experts", "fused_experts_out",
          "fused_moe fp8", "fused_moe_out fp8", "fused_experts fp8", "fused_experts_out fp8",
+         "fused_moe_counted", "fused_moe_out_counted fp8", "fused_experts_counted", "fused_experts_out_counted",
          "route x w_gate", "route logits grouped", "combine"]
 
 

@@ -65,7 +65,7 @@ def test_binding_names_the_argument(w):
 
     with pytest.raises(moekit.Error, match="experts_forward: argument 'x': must be contiguous"):
         call(1, randn(H, T, seed=0).t())
-    with pytest.raises(moekit.Error, match="experts_forward: argument 'x': expected dtype bf16, f32, i32 or e4m3.*float16"):
+    with pytest.raises(moekit.Error, match="experts_forward: argument 'x': expected dtype bf16, f32, i32, i64 or e4m3.*float16"):
         call(1, x.half())
     with pytest.raises(ValueError, match=r"moekit::experts_forward: argument 'w2': expected dtype bf16, got f32"):
         call(3, w["w2"].float())
@@ -90,3 +90,23 @@ def test_forward_only(w):
         moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K)
     with torch.no_grad():
         assert moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K).shape == (T, H)
+
+
+def test_load_counter_is_validated_on_real_memory(w):
+    """expert_load (dtype, shape and device are CPU tests on fake tensors): a counter laid over a
+    buffer of the call is refused by the C++ entry, naming it; an 8-byte aligned view is taken."""
+    x = randn(T, H, seed=4)
+    over_x = x.view(-1).view(torch.int64)[:E]
+    with pytest.raises(moekit.Error, match="moekit::moe_forward: argument 'expert_load': overlaps 'x' in memory"):
+        moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K, expert_load=over_x)
+    p = moekit.plan_forward(T, H, F, E, K)
+    ws = torch.empty(p.workspace_bytes, dtype=torch.uint8, device="cuda")
+    ids = torch.zeros((T, K), dtype=torch.int32, device="cuda")
+    args = [p, x, w["w13"], w["w2"], ids, torch.ones((T, K), device="cuda"), torch.empty_like(x), ws]
+    with pytest.raises(moekit.Error, match="moekit::experts_forward: argument 'expert_load': expected dtype i64"):
+        moekit.experts_forward(*args, expert_load=torch.zeros(E, dtype=torch.int32, device="cuda"))
+    with pytest.raises(moekit.Error, match="argument 'expert_load': overlaps 'workspace' in memory"):
+        moekit.experts_forward(*args, expert_load=ws[:8 * E].view(torch.int64))
+    load = torch.zeros(E + 1, dtype=torch.int64, device="cuda")[1:]  # 8-byte, not 16-byte, aligned
+    moekit.experts_forward(*args, expert_load=load)
+    assert load.tolist() == [T * K] + [0] * (E - 1)  # every id was 0

@@ -195,7 +195,7 @@ def test_binding_checks_dtype_and_strides_before_the_device():
     """What is wrong with an array itself is reported on any machine, naming the argument."""
     np = pytest.importorskip("numpy")
     y = np.zeros((4, 8), np.float32)
-    with pytest.raises(moekit.Error, match=r"combine: argument 'y_rows': expected dtype bf16, f32, i32 or e4m3 .*got float64"):
+    with pytest.raises(moekit.Error, match=r"combine: argument 'y_rows': expected dtype bf16, f32, i32, i64 or e4m3 .*got float64"):
         moekit.combine(np.zeros((8, 8)), 2, y)
     with pytest.raises(moekit.Error, match=r"combine: argument 'y_rows': must be contiguous \(row-major\): shape "
                                            r"\[8, 8\] has strides \[16, 2\]"):

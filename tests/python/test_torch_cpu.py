@@ -90,6 +90,15 @@ def z_on_cuda1(*shape, dtype=bf16):
     (lambda: dict(out=z(H, T).t()), "argument 'out': must be contiguous"),
     (lambda: dict(out=z(T, H, device="cpu")), "argument 'out': expected a CUDA tensor, got one on cpu"),
     (lambda: dict(out=z_on_cuda1(T, H)), "argument 'out': is on cuda:1 but 'x' is on cuda:0"),
+    (lambda: dict(expert_load=z(E, dtype=i32)), "argument 'expert_load': expected dtype int64, got int32"),
+    (lambda: dict(expert_load=z(E, dtype=f32)), "argument 'expert_load': expected dtype int64, got float32"),
+    (lambda: dict(expert_load=z(E + 1, dtype=torch.int64)),
+     r"argument 'expert_load': expected shape \[E\] = \[8\], got \[9\]"),
+    (lambda: dict(expert_load=z(1, E, dtype=torch.int64)), r"argument 'expert_load': expected shape \[E\]"),
+    (lambda: dict(expert_load=z(2 * E, dtype=torch.int64)[::2]), "argument 'expert_load': must be contiguous"),
+    (lambda: dict(expert_load=z(E, dtype=torch.int64, device="cpu")),
+     "argument 'expert_load': expected a CUDA tensor, got one on cpu"),
+    (lambda: dict(expert_load=z_on_cuda1(E, dtype=torch.int64)), "argument 'expert_load': is on cuda:1 but 'x'"),
 ])
 def test_fused_moe_validation_names_the_argument(over, match):
     with FakeTensorMode():
@@ -263,9 +272,23 @@ def test_fake_implementations_on_meta():
     assert torch.ops.moekit.fused_moe_out(t["x"], t["w13"], t["w2"], None, t["w_gate"], None, K, True, "softmax", 0, 0,
                                           1.0, y) is None
     assert torch.ops.moekit.fused_experts_out(t["x"], t["w13"], t["w2"], w, ids, y) is None
-    # The out-variants declare y written (schema `Tensor(a!) y`), so functionalization sees the write.
-    for op in (torch.ops.moekit.fused_moe_out.default, torch.ops.moekit.fused_experts_out.default):
-        assert [a.name for a in op._schema.arguments if a.alias_info and a.alias_info.is_write] == ["y"]
+    # The out-variants declare y written (schema `Tensor(a!) y`), the counted ops their load counter
+    # (`Tensor(a!) expert_load`, required), so functionalization sees the writes; the others write nothing.
+    ops = torch.ops.moekit
+    written = {name: [a.name for a in getattr(ops, name).default._schema.arguments
+                      if a.alias_info and a.alias_info.is_write]
+               for name in ("fused_moe", "fused_moe_out", "fused_experts", "fused_experts_out", "fused_moe_counted",
+                            "fused_moe_out_counted", "fused_experts_counted", "fused_experts_out_counted")}
+    assert written == {"fused_moe": [], "fused_moe_out": ["y"], "fused_experts": [], "fused_experts_out": ["y"],
+                       "fused_moe_counted": ["expert_load"], "fused_moe_out_counted": ["y", "expert_load"],
+                       "fused_experts_counted": ["expert_load"], "fused_experts_out_counted": ["y", "expert_load"]}
+    load = z(E, dtype=torch.int64, device="meta")
+    assert ops.fused_experts_counted(t["x"], t["w13"], t["w2"], w, ids, load).shape == (T, H)
+    assert ops.fused_moe_counted(t["x"], t["w13"], t["w2"], None, t["w_gate"], None, K, True, "softmax", 0, 0, 1.0,
+                                 load).shape == (T, H)
+    assert ops.fused_moe_out_counted(t["x"], t["w13"], t["w2"], None, t["w_gate"], None, K, True, "softmax", 0, 0,
+                                     1.0, y, load) is None
+    assert ops.fused_experts_out_counted(t["x"], t["w13"], t["w2"], w, ids, y, load) is None
 
 
 def test_dynamo_traces_fused_moe_and_module_without_graph_break():
@@ -318,7 +341,7 @@ def test_binding_reads_torch_capsules():
         moekit.combine(to_dlpack(y_rows), 2, to_dlpack(torch.zeros(4, H, dtype=bf16)))
     with pytest.raises(moekit.Error, match="combine: argument 'y_rows': must be contiguous"):
         moekit.combine(to_dlpack(torch.zeros(H, 8, dtype=bf16).t()), 2, to_dlpack(torch.zeros(4, H, dtype=bf16)))
-    with pytest.raises(moekit.Error, match="argument 'y_rows': expected dtype bf16, f32, i32 or e4m3 .*got float16"):
+    with pytest.raises(moekit.Error, match="argument 'y_rows': expected dtype bf16, f32, i32, i64 or e4m3 .*got float16"):
         moekit.combine(to_dlpack(y_rows.half()), 2, None)
     with pytest.raises(moekit.Error, match="argument 'y_rows': expected a CUDA"):  # requires_grad is no obstacle
         moekit.combine(to_dlpack(torch.zeros(8, H, requires_grad=True)), 2, None)
