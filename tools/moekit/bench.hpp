@@ -16,6 +16,7 @@
 #include "moekit/moe.hpp"
 #include "moekit/version.hpp"
 #include "presets.hpp"
+#include "report.hpp"
 
 namespace moekit::cli {
 
@@ -56,6 +57,12 @@ struct CheckArgs {
 };
 
 int run_bench(const BenchArgs& args, const std::string& command);
+// The start every bf16 `moekit bench` mode shares (bench.cu): the run-wide fields of its JSON
+// (command, date, GPU) and its two ceilings, measured and printed under `title`.
+RunInfo start_bench_run(const char* title, const LayerSpec& spec, const BenchArgs& args, const std::string& command,
+                        const DeviceInfo& dev, cublasHandle_t blas, cudaStream_t stream);
+// --skew: calibrates the layer's router bias to the skewed loads and prints what it reached.
+void apply_skew(GpuLayer& layer, const BenchArgs& args, cudaStream_t stream);
 // `moekit bench --dtype fp8`: the layer with DeepSeek-V3's FP8 experts (bench_fp8.cu).
 int run_bench_fp8(const BenchArgs& args, const std::string& command);
 // `moekit bench --ep R`: spawns R rank processes of this executable (argv) and, in each, times the

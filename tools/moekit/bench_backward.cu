@@ -262,29 +262,9 @@ int run_bench_backward(const BenchArgs& args, const std::string& command) {
   Stream stream;
   Cublas blas(stream.s);
 
-  RunInfo info;
-  info.command = command;
-  info.date = iso_utc_now();
-  info.gpu = dev.name;
-  info.sm_count = dev.sm_count;
-  info.l2_bytes = dev.l2_bytes;
-  std::printf("moekit bench --backward %s — %s on %s (%d SMs, L2 %.0f MB), %d steps after %d warm-up\n", kVersion,
-              spec.str().c_str(), dev.name.c_str(), dev.sm_count, double(dev.l2_bytes) / 1e6, args.steps, args.warmup);
-  const Ceilings ceil = measure_ceilings(dev, blas.h, stream.s, args.seed, args.warmup, args.steps);
-  info.read_ceiling_TBps = ceil.read_TBps;
-  info.read_ceiling_bytes = ceil.read_bytes;
-  info.dense_ceiling_TFLOPs = ceil.dense_TFLOPs;
-  info.dense_ceiling_dim = ceil.gemm_dim;
-  std::printf("ceilings: streaming read %.3f TB/s (%.2f GB buffer); dense bf16 GEMM %.1f TFLOP/s (cuBLAS %lld^3)\n",
-              ceil.read_TBps, double(ceil.read_bytes) / 1e9, ceil.dense_TFLOPs, (long long)ceil.gemm_dim);
-
+  const RunInfo info = start_bench_run("moekit bench --backward", spec, args, command, dev, blas.h, stream.s);
   GpuLayer layer(spec, args.seed, stream.s);
-  if (args.skew) {
-    const SkewResult r = calibrate_skew(layer, args.seed, stream.s);
-    std::printf("skew: router bias calibrated on %lld tokens: expert %d at %.2fx the mean load, others %.2fx..%.2fx "
-                "(worst |log(load/target)| %.2f); the bias picks experts, weights stay unbiased\n",
-                (long long)kSkewCalibTokens, r.hot_expert, r.hot_load, r.min_other, r.max_other, r.worst_log_error);
-  }
+  apply_skew(layer, args, stream.s);
   // The weight gradients, the size of one weight copy: allocated before the rotation's copies, so
   // those leave room for them.
   const MoeShape& s = spec.shape;
