@@ -1,4 +1,5 @@
-// bindings.cpp — moekit._moekit: the public host API of include/moekit/moe.hpp for Python.
+// bindings.cpp — moekit._moekit: the public host API of include/moekit/moe.hpp for Python (the
+// backward's, include/moekit/backward.hpp, is bound in bindings_backward.cpp).
 //
 // Tensors arrive through DLPack (nb::ndarray): a torch/CuPy/JAX array or a DLPack capsule,
 // zero-copy. Every entry converts its arrays at the boundary (boundary.hpp: dtype, rank,
@@ -33,6 +34,8 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace moekit::py {
+
+void bind_backward(nb::module_& m);  // bindings_backward.cpp
 
 namespace {
 
@@ -324,4 +327,6 @@ NB_MODULE(_moekit, m) {
       "plan"_a, "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
       "Synchronises the stream and raises moekit.Error if a kernel flagged bad input (an expert id outside "
       "[0, E)). Not for hot loops.");
+
+  bind_backward(m);
 }
