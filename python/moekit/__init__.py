@@ -9,7 +9,8 @@ Two layers:
   backward (``include/moekit/backward.hpp``): :func:`plan_backward`, :func:`backward_workspace_bytes`,
   :func:`moe_backward`;
 * PyTorch (``moekit.torch``, imported on first use): :func:`fused_moe`, :func:`fused_experts`,
-  torch custom ops ``torch.ops.moekit.*`` (torch.compile, CUDA graphs) and the ``MoE`` module;
+  torch custom ops ``torch.ops.moekit.*`` (torch.compile, CUDA graphs) and the ``MoE`` module,
+  with gradients (``torch.library.register_autograd``) when an input requires grad;
   FP8 (DeepSeek-V3's format): ``fused_moe(..., use_fp8_w8a8=True, ...)`` and
   :func:`quantize_fp8_weights` (``moekit.fp8``).
 
