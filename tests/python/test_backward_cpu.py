@@ -45,7 +45,8 @@ def test_plan_backward_options(h200, forward):
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(saved="act"), moekit.Error, "plan_backward: argument 'saved': expected 'recompute' or 'h', got 'act'"),
-    (dict(router="dx"), moekit.Error, "plan_backward: argument 'router': expected 'none', 'logits' or 'gate', got 'dx'"),
+    (dict(router="dx"), moekit.Error, "plan_backward: argument 'router': expected 'none', 'logits' or 'gate', "
+                                      "got 'dx'"),
     (dict(weight_grad_dtype="fp16"), moekit.Error, "argument 'weight_grad_dtype': expected 'bf16' or 'f32'"),
     (dict(accumulate_weight_grads=True), moekit.Error,
      "moekit::plan_backward: argument 'options.accumulate_weight_grads': accumulates into f32 weight gradients only"),
