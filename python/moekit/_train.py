@@ -56,7 +56,6 @@ from . import _moekit as _C
 from ._torch_util import _dl, _plan, _stream, _workspace, _workspace_view
 
 _F32, _I32 = torch.float32, torch.int32
-_ROUTERS = ("none", "logits", "gate")
 
 
 # ---- sizes and plans ------------------------------------------------------------------------
@@ -88,7 +87,6 @@ def _backward_plan(tokens: int, hidden: int, inter: int, experts: int, topk: int
 # As moekit._torch_util's plan cache: no BackwardPlan may outlive the interpreter (nanobind would
 # report it as leaked).
 atexit.register(_backward_plan.cache_clear)
-atexit.register(_layout.cache_clear)
 
 
 # ---- the forward ops ------------------------------------------------------------------------
@@ -102,8 +100,9 @@ def _padded(t: Tensor, size: int, fill: int) -> Tensor:
 
 
 def _run_kept(x: Tensor, w13: Tensor, top_k: int, forward: Callable[[_C.Plan, Tensor], None]):
-    """Runs `forward(plan, workspace)` and copies out what the backward reads: (the workspace's view
-    function, the kept layout (sorted_ids, block_expert, num_rows_padded, expert_counts))."""
+    """Runs `forward(plan, workspace)` and copies align's layout out of the workspace: (the
+    workspace's view by name, the kept layout (sorted_ids, block_expert, num_rows_padded,
+    expert_counts))."""
     T, H = x.shape
     E, F2 = w13.shape[0], w13.shape[1]
     key = (T, H, F2 // 2, E, top_k, x.device.index)
