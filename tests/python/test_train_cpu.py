@@ -8,6 +8,10 @@ the refusals, which name the argument.
 NOTES: the autograd tests run on meta tensors at the op level: the autograd engine runs a backward of
 (fake) CUDA tensors on their device, which needs a GPU; the layer entries' choice of op is checked on
 fake CUDA tensors, forward only. The numbers are test_gpu_train.py's."""
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -257,3 +261,31 @@ def test_training_refusals_name_the_argument():
             assert mt.fused_moe(x, q13, q2, w_gate=w_gate, top_k=K, **fp8).shape == (T, H)
         m = mt.MoE(H, F, E, K, device="cuda", trainable=True, score_bias=True)  # the bias: a buffer, no grad
         assert m(x).shape == (T, H)
+
+
+def test_cached_backward_plans_do_not_outlive_the_interpreter():
+    """The training ops cache BackwardPlans (nanobind objects): none may be left at exit for nanobind to
+    report as leaked. The script then lets go of moekit, its names and its modules, so that only torch's
+    operator registry holds the ops' functions (and their globals, which name the cache): the case
+    where only the atexit hook of moekit._train empties it (without the hook, nanobind reports them)."""
+    script = textwrap.dedent(f"""
+        import sys
+        from moekit import _moekit as C
+        from moekit.torch import fused_moe  # registers the custom ops
+        from moekit._train import _backward_plan
+
+        # Plans for an H200 on any machine: what is checked is the cache, not the device.
+        h200 = C.DeviceInfo(**{H200!r})
+        plan_forward, plan_backward = C.plan_forward, C.plan_backward
+        C.plan_forward = lambda *shape, device=None, **kw: plan_forward(*shape, device=h200, **kw)
+        C.plan_backward = lambda forward, device=None, **kw: plan_backward(forward, device=h200, **kw)
+        for router in ("none", "logits", "gate"):
+            _backward_plan(16, 1024, 512, 16, 4, 0, router, True, True)
+        assert _backward_plan.cache_info().currsize == 3
+        del C, fused_moe, _backward_plan, h200, plan_forward, plan_backward
+        for name in [m for m in sys.modules if m == "moekit" or m.startswith("moekit.")]:
+            del sys.modules[name]
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "nanobind: leaked" not in r.stderr, r.stderr
