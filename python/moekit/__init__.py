@@ -5,9 +5,12 @@ Two layers:
 * the low-level API of the C++ library (``include/moekit/moe.hpp``), on any DLPack array and an
   explicit CUDA stream: :func:`plan_forward`, :func:`route`, :func:`align`, :func:`expert_up`,
   :func:`expert_down`, :func:`combine` (:func:`combine_partials`), :func:`moe_forward`,
-  :func:`experts_forward`, and FP8's :func:`quantize_tokens`, :func:`quantize_weights`;
+  :func:`experts_forward`, and FP8's :func:`quantize_tokens`, :func:`quantize_weights`; the
+  backward (``include/moekit/backward.hpp``): :func:`plan_backward`, :func:`backward_workspace_bytes`,
+  :func:`moe_backward`;
 * PyTorch (``moekit.torch``, imported on first use): :func:`fused_moe`, :func:`fused_experts`,
-  torch custom ops ``torch.ops.moekit.*`` (torch.compile, CUDA graphs) and the ``MoE`` module;
+  torch custom ops ``torch.ops.moekit.*`` (torch.compile, CUDA graphs) and the ``MoE`` module,
+  with gradients (``torch.library.register_autograd``) when an input requires grad;
   FP8 (DeepSeek-V3's format): ``fused_moe(..., use_fp8_w8a8=True, ...)`` and
   :func:`quantize_fp8_weights` (``moekit.fp8``).
 
@@ -21,12 +24,14 @@ from ._moekit import (
     FP8_BLOCK,
     MAX_EXPERTS,
     MAX_TOPK,
+    BackwardPlan,
     CudaError,
     DeviceInfo,
     Error,
     Plan,
     __version__,
     align,
+    backward_workspace_bytes,
     check_status,
     combine,
     combine_partials,
@@ -35,7 +40,9 @@ from ._moekit import (
     expert_down,
     expert_up,
     experts_forward,
+    moe_backward,
     moe_forward,
+    plan_backward,
     plan_forward,
     quantize_tokens,
     quantize_weights,
@@ -45,9 +52,10 @@ from ._moekit import (
 from ._requires import require
 
 __all__ = [
-    "FP8_BLOCK", "MAX_EXPERTS", "MAX_TOPK", "CudaError", "DeviceInfo", "Error", "Plan", "__version__", "align",
-    "check_status", "combine", "combine_partials", "compiled_gemm_configs", "device_count", "expert_down", "expert_up",
-    "experts_forward", "moe_forward", "plan_forward", "quantize_tokens", "quantize_weights", "query_device", "route",
+    "FP8_BLOCK", "MAX_EXPERTS", "MAX_TOPK", "BackwardPlan", "CudaError", "DeviceInfo", "Error", "Plan", "__version__",
+    "align", "backward_workspace_bytes", "check_status", "combine", "combine_partials", "compiled_gemm_configs",
+    "device_count", "expert_down", "expert_up", "experts_forward", "moe_backward", "moe_forward", "plan_backward",
+    "plan_forward", "quantize_tokens", "quantize_weights", "query_device", "route",
     "fused_moe", "fused_experts", "quantize_fp8_weights",
 ]
 

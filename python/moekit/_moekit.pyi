@@ -200,3 +200,104 @@ def check_status(plan: Plan, workspace: DLPackArray | None, *, stream: int = 0) 
     """
     Synchronises the stream and raises moekit.Error if a kernel flagged bad input (an expert id outside [0, E)). Not for hot loops.
     """
+
+# The backward (python/src/bindings_backward.cpp, include/moekit/backward.hpp).
+
+# The smallest and largest block_m of the compiled bf16 configs: every aligned layout a bf16 plan lays
+# out has at most T·k + (E+1)·(MAX_BLOCK_M − 1) rows and ceil(T·k / MIN_BLOCK_M) + E blocks.
+MIN_BLOCK_M: int = 16
+
+MAX_BLOCK_M: int = 128
+
+class BackwardPlan:
+    """
+    The plan of one backward pass, made from the forward's (plan_backward): every kernel choice and the workspace size.
+    """
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def hidden(self) -> int: ...
+
+    @property
+    def inter(self) -> int: ...
+
+    @property
+    def experts(self) -> int: ...
+
+    @property
+    def topk(self) -> int: ...
+
+    @property
+    def block_m(self) -> int:
+        """rows per block of the forward's aligned layout, which it replays"""
+
+    @property
+    def saved(self) -> str:
+        """'recompute' (h = x·W13ᵀ again) or 'h' (the forward kept h)"""
+
+    @property
+    def router(self) -> str:
+        """'none', 'logits' or 'gate': the router gradient it computes"""
+
+    @property
+    def input_grad(self) -> bool: ...
+
+    @property
+    def weight_grads(self) -> bool: ...
+
+    @property
+    def weight_grad_dtype(self) -> str: ...
+
+    @property
+    def accumulate_weight_grads(self) -> bool: ...
+
+    @property
+    def max_rows(self) -> int: ...
+
+    @property
+    def max_blocks(self) -> int: ...
+
+    @property
+    def dx_splits(self) -> int: ...
+
+    @property
+    def dw_splits(self) -> int: ...
+
+    @property
+    def gate_splits(self) -> int: ...
+
+    @property
+    def up(self) -> str: ...
+
+    @property
+    def d(self) -> str: ...
+
+    @property
+    def dx(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def workspace_bytes(self) -> int: ...
+
+    def str(self) -> str: ...
+
+    def __str__(self) -> str: ...
+
+    def __repr__(self) -> str: ...
+
+def plan_backward(forward: Plan, *, device: int | DeviceInfo | None = None, saved: str = 'recompute', router: str = 'none', input_grad: bool = True, weight_grads: bool = True, weight_grad_dtype: str = 'bf16', accumulate_weight_grads: bool = False) -> BackwardPlan:
+    """
+    The backward of a forward planned as `forward` (a bf16 moekit.Plan; the backward replays its layout). device: None (the current GPU), a device index, or a moekit.DeviceInfo (plans without a GPU). saved: 'recompute' or 'h'; router: 'none' (the routing was given: d_topk_weights), 'logits' (d_router_logits) or 'gate' (d_w_gate, and dx gains the router's part); input_grad: dx; weight_grads: dw13 and dw2, of weight_grad_dtype 'bf16' or 'f32' (accumulate_weight_grads: += into f32 ones).
+    """
+
+def backward_workspace_bytes(plan: BackwardPlan) -> int:
+    """Bytes of the backward's workspace (plan.workspace_bytes)."""
+
+def moe_backward(plan: BackwardPlan, x: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, topk_ids: DLPackArray | None, topk_weights: DLPackArray | None, sorted_ids: DLPackArray | None, block_expert: DLPackArray | None, num_rows_padded: DLPackArray | None, expert_counts: DLPackArray | None, dy: DLPackArray | None, workspace: DLPackArray | None, *, w_gate: DLPackArray | None = None, router_logits: DLPackArray | None = None, h: DLPackArray | None = None, d_logits_aux: DLPackArray | None = None, dx: DLPackArray | None = None, dw13: DLPackArray | None = None, dw2: DLPackArray | None = None, d_topk_weights: DLPackArray | None = None, d_router_logits: DLPackArray | None = None, d_w_gate: DLPackArray | None = None, scoring: str = 'softmax', renormalize: bool = False, n_group: int = 0, topk_group: int = 0, routed_scaling_factor: float = 1.0, stream: int = 0) -> None:
+    """
+    The backward of the layer the forward ran: x [T,H] bf16, w13 [E,2F,H], w2 [E,H,F] bf16, the forward's routing (topk_ids [T,k] i32, topk_weights [T,k] f32) and aligned layout (its workspace's sorted_ids [max_rows], block_expert [max_blocks], num_rows_padded [1], expert_counts [E] i32: views, or copies), dy [T,H] bf16 and a workspace of plan.workspace_bytes (not the forward's). router 'gate': w_gate [E,H] and the forward's router_logits [T,E] f32 (+ d_logits_aux [T,E] f32, optional); 'logits': router_logits. Writes what the plan computes and refuses the rest: dx [T,H] bf16 (input_grad), dw13, dw2 (weight_grads), d_topk_weights [T,k] f32 (required with router 'none'), d_router_logits [T,E] f32 ('logits'), d_w_gate [E,H] of w_gate's dtype ('gate'). The router options are the forward's. Deterministic, no allocation or sync: CUDA-graph capturable.
+    """

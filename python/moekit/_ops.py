@@ -1,5 +1,6 @@
 """moekit._ops — the torch custom ops behind moekit.torch (``torch.ops.moekit.*``): eager bodies
 that call the binding on the current stream, and fake (meta) implementations for torch.compile.
+These are the inference ops; the training ops and their autograd are moekit._train's.
 
 Arguments arrive validated (moekit.torch checks them, naming the argument). Each layer op comes
 twice: functional (allocates y) and an out-variant (``*_out``, writes the caller's y, declared

@@ -115,6 +115,20 @@ def _workspace(p: _C.Plan, device: torch.device) -> Tensor:
     return torch.empty(p.workspace_bytes, dtype=torch.uint8, device=device)
 
 
+_WORKSPACE_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "i64": torch.int64,
+                     "e4m3": torch.float8_e4m3fn}
+
+
+def _workspace_view(buffer: Tensor, entry: tuple) -> Tensor:
+    """The tensor of one entry (offset_bytes, dtype, shape) of Plan.workspace_layout() in `buffer`."""
+    offset, dtype, shape = entry
+    dt = _WORKSPACE_DTYPES[dtype]
+    nbytes = dt.itemsize
+    for s in shape:
+        nbytes *= s
+    return buffer[offset:offset + nbytes].view(dt).view(shape)
+
+
 # ---- validation (at the Python boundary: names the argument) --------------------------------
 
 def _fail(fn: str, arg: str, what: str):
@@ -148,14 +162,49 @@ def _check(fn: str, arg: str, t, dtypes: Sequence[torch.dtype], dims: Sequence[t
         _fail(fn, arg, f"is on {t.device} but '{device_arg}' is on {device}")
 
 
+# How to train, said wherever an input that requires grad is refused.
+_HOW_TO_TRAIN = ("to train, moekit.fused_moe and moekit.fused_experts have gradients (bf16 experts, without out=), "
+                 "as has moekit.torch.MoE(..., trainable=True)")
+
+
 def _forward_only(fn: str, **tensors):
-    """moekit has no backward yet: refuse inputs that need a gradient rather than fail in
-    backward (or, under torch.compile, while AOTAutograd traces the backward graph)."""
+    """The entries with no backward (route, combine) refuse inputs that need a gradient rather than
+    fail in backward (or, under torch.compile, while AOTAutograd traces the backward graph)."""
+    arg = _requires_grad(**tensors)
+    if arg is not None:
+        _fail(fn, arg, f"requires grad, but moekit.{fn} has no backward: call it under torch.no_grad() / "
+                       f"torch.inference_mode(), or pass a detached tensor; {_HOW_TO_TRAIN}")
+
+
+def _requires_grad(**tensors) -> Optional[str]:
+    """The first argument that requires grad while grad is enabled, or None."""
     if torch.is_grad_enabled():
         for arg, t in tensors.items():
             if t is not None and t.requires_grad:
-                _fail(fn, arg, "requires grad, but moekit is forward-only (no backward yet): call it under "
-                               "torch.no_grad() / torch.inference_mode(), or pass a detached tensor")
+                return arg
+    return None
+
+
+def _trains(fn: str, fp8: bool, out: Optional[Tensor], no_grad: Mapping[str, Optional[Tensor]], **tensors) -> bool:
+    """Whether a layer call (fused_moe, fused_experts) takes the training ops (moekit._train): grad is
+    enabled and one of `tensors` requires grad. Refused, naming the argument: an input of `no_grad`
+    that requires grad (it has no gradient), and training with FP8 experts (the backward is bf16)
+    or with out= (a write into a caller's buffer is not differentiable)."""
+    for arg, t in no_grad.items():
+        if _requires_grad(**{arg: t}):
+            _fail(fn, arg, "requires grad, but it only picks the experts and has no gradient (DeepSeek-V3 sets "
+                           "the score bias by load balancing): pass it detached (moekit.torch.MoE keeps it as a "
+                           "buffer)")
+    arg = _requires_grad(**tensors)
+    if arg is None:
+        return False
+    if fp8:
+        _fail(fn, arg, "requires grad, but FP8 experts have no backward (moekit's backward is bf16): call it under "
+                       f"torch.no_grad() / torch.inference_mode(), or pass a detached tensor; {_HOW_TO_TRAIN}")
+    if out is not None:
+        _fail(fn, "out", f"is given while '{arg}' requires grad: autograd cannot differentiate a write into out=; "
+                         "drop out= to train (y is then a new tensor), or call under torch.no_grad()")
+    return True
 
 
 def _check_routing(fn: str, experts: int, top_k, scoring_func, num_expert_group, topk_group,

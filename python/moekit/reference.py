@@ -5,7 +5,8 @@ The FFN is docs/design.md's naive loop, `for e: y[idx_e] += w_e · (silu(x·W_ga
 in FP32 with TF32 off; routing follows the same contract as moekit's router (softmax or sigmoid
 in FP32, optional score-correction bias and grouped top-k, renormalize, scaling). Ties between
 equal scores are left to torch.topk here: compare routings as sets of equal scores (see
-`routing_matches`), not id by id.
+`routing_matches`), not id by id. Both are differentiable (autograd in FP32: the oracle of the
+backward's tests), with routing_weights_reference for the weights of a given selection.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ require("moekit.reference")
 import torch
 from torch import Tensor
 
-__all__ = ["route_reference", "experts_reference", "rel_norm_error", "routing_matches"]
+__all__ = ["route_reference", "routing_weights_reference", "experts_reference", "rel_norm_error", "routing_matches"]
 
 
 def _scores(logits: Tensor, scoring_func: str, bias: Optional[Tensor]) -> tuple[Tensor, Tensor]:
@@ -51,6 +52,18 @@ def route_reference(logits: Tensor, top_k: int, renormalize: bool = False, scori
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights * routed_scaling_factor, ids.to(torch.int32)
+
+
+def routing_weights_reference(logits: Tensor, topk_ids: Tensor, renormalize: bool = False,
+                              scoring_func: str = "softmax", routed_scaling_factor: float = 1.0) -> Tensor:
+    """topk_weights [T, k] float32 of the experts `topk_ids` chose, from logits [T, E], differentiable
+    in the logits: the backward's view of the router, whose selection (top-k, groups, the score bias)
+    is a constant and whose gradient flows only through the chosen experts' scores."""
+    scores, _ = _scores(logits, scoring_func, None)
+    weights = scores.gather(1, topk_ids.long())
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights * routed_scaling_factor
 
 
 def routing_matches(logits: Tensor, topk_weights: Tensor, topk_ids: Tensor, top_k: int, renormalize: bool = False,

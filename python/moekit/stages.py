@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from . import _moekit as _C
-from ._torch_util import _check, _check_expert_load, _cuda_index, _dl, _fail, _plan, _stream, _workspace
+from ._torch_util import (_check, _check_expert_load, _cuda_index, _dl, _fail, _plan, _stream, _workspace,
+                          _workspace_view)
 from .fp8 import blocks
 
 __all__ = ["Workspace", "align", "quantize_tokens", "expert_up", "expert_down", "combine"]
@@ -31,9 +32,6 @@ class Workspace:
     FP8 GEMMs (e4m3 weights with block scales): act is then e4m3, with act_scale, and x_q / x_scale
     hold the quantized tokens."""
 
-    _DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32, "i64": torch.int64,
-               "e4m3": torch.float8_e4m3fn}
-
     def __init__(self, tokens: int, hidden: int, inter: int, experts: int, top_k: int,
                  device: Union[torch.device, str, int, None] = None, precision: str = "bf16") -> None:
         self.device = torch.device("cuda", _cuda_index("Workspace", device))
@@ -44,12 +42,7 @@ class Workspace:
     def view(self, name: str) -> Tensor:
         if name not in self._layout:
             _fail("Workspace.view", "name", f"expected one of {sorted(self._layout)}, got {name!r}")
-        offset, dtype, shape = self._layout[name]
-        dt = self._DTYPES[dtype]
-        nbytes = dt.itemsize
-        for s in shape:
-            nbytes *= s
-        return self.buffer[offset:offset + nbytes].view(dt).view(shape)
+        return _workspace_view(self.buffer, self._layout[name])
 
     def check_status(self) -> None:
         """Synchronises the stream; raises moekit.Error if a kernel flagged an expert id outside [0, E)."""

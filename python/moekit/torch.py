@@ -15,7 +15,11 @@ block scales; moekit.fp8 holds the quantizer and the format's checks.
 Load statistics: ``expert_load=`` (int64 [E]) gains each call's assignments per expert, on the
 device (``MoE(..., track_expert_load=True)`` keeps one as a buffer).
 
-Forward only: no autograd formula is registered (backward is a later stage of moekit).
+Training: when grad is enabled and an input requires grad (x, the weights, the router's w_gate or
+router_logits; fused_experts: topk_weights too), fused_moe / fused_experts run the training ops of
+moekit._train instead, whose gradients come from moekit's backward (torch.library.register_autograd):
+bf16 experts without out=; MoE(..., trainable=True) has trainable parameters. route and combine have
+no backward and refuse inputs that require grad.
 """
 from __future__ import annotations
 
@@ -30,8 +34,9 @@ from torch import Tensor
 
 from . import _moekit as _C
 from . import _ops  # noqa: F401  registers torch.ops.moekit.*
+from . import _train  # registers torch.ops.moekit.*_train, moe_backward and their autograd
 from ._torch_util import (_alias, _check, _check_expert_load, _check_plan, _check_router, _check_routing, _fail,
-                          _forward_only, _grouped_topk, _required, plan)
+                          _forward_only, _grouped_topk, _required, _trains, plan)
 from .devices import DeviceLike
 from .fp8 import check_fp8_experts, quantize_fp8_weights
 from .hf import ARCH_DEFAULTS, pack_experts, pack_hf_moe, pack_hf_state_dict, routing_from_hf_config
@@ -101,6 +106,11 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
     extra launch, CUDA-graph and torch.compile safe; exact integer sums). Padding is not counted.
     moekit never reads or clears it: read it (``.tolist()``, which syncs) and reset it
     (``.zero_()``) when you choose.
+
+    Gradients: when grad is enabled and x, w13, w2, w_gate or router_logits requires grad, the call
+    runs the training op (moekit._train), and y.backward() reaches them through moekit's backward
+    (bf16; with w_gate, x's gradient includes the router's part). FP8 experts and out= are refused
+    then, as is an e_score_correction_bias that requires grad (it only picks the experts).
     """
     fn = "fused_moe"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
@@ -118,14 +128,16 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
     _check_router(fn, T, H, E, x, router_logits, w_gate, e_score_correction_bias)
     top_k, n_group, t_group = _check_routing(fn, E, top_k, scoring_func, num_expert_group, topk_group,
                                              routed_scaling_factor)
-    _forward_only(fn, x=x, w13=w13, w2=w2, router_logits=router_logits, w_gate=w_gate,
-                  e_score_correction_bias=e_score_correction_bias)
+    train = _trains(fn, use_fp8_w8a8, out, dict(e_score_correction_bias=e_score_correction_bias), x=x, w13=w13,
+                    w2=w2, router_logits=router_logits, w_gate=w_gate)
     if out is not None:
         _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
     _check_expert_load(fn, expert_load, E, x.device)
     _check_plan(fn, T, H, F, E, top_k, "fp8" if use_fp8_w8a8 else "bf16", device_info, x.device)
     args = (x, w13, w2, router_logits, w_gate, e_score_correction_bias, top_k, bool(renormalize), scoring_func,
             n_group, t_group, float(routed_scaling_factor))
+    if train:
+        return _train.fused_moe_train(*args, expert_load)
     scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
     ops = torch.ops.moekit
     if expert_load is not None:  # the counting ops (moekit._ops says why they are ops of their own)
@@ -152,7 +164,8 @@ def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: 
     align skips it and flags the workspace (Workspace.check_status in the staged API), and the
     token's output is undefined (nor is it counted in expert_load). `out`, vLLM's names
     (hidden_states = x, w1 = w13) and FP8 (use_fp8_w8a8, w1_scale, w2_scale, block_shape),
-    device_info and expert_load as in fused_moe."""
+    device_info and expert_load as in fused_moe. Gradients as in fused_moe, for x, w13, w2 and
+    topk_weights (which the caller's router takes back: moekit's RouterGrad::none)."""
     fn = "fused_experts"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
     w13 = _required(fn, "w13", _alias(fn, "w13", w13, "w1", w1), "w1")
@@ -163,11 +176,13 @@ def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: 
     if not 1 <= k <= _C.MAX_TOPK:
         _fail(fn, "topk_ids", f"k must be in [1, {_C.MAX_TOPK}], got {k}")
     _check(fn, "topk_weights", topk_weights, (torch.float32,), (("T", T), ("k", k)), x.device)
-    _forward_only(fn, x=x, w13=w13, w2=w2, topk_weights=topk_weights)
+    train = _trains(fn, use_fp8_w8a8, out, {}, x=x, w13=w13, w2=w2, topk_weights=topk_weights)
     if out is not None:
         _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
     _check_expert_load(fn, expert_load, E, x.device)
     _check_plan(fn, T, H, F, E, k, "fp8" if use_fp8_w8a8 else "bf16", device_info, x.device, "topk_ids")
+    if train:
+        return _train.fused_experts_train(x, w13, w2, topk_weights, topk_ids, expert_load)
     scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
     ops, routing = torch.ops.moekit, (x, w13, w2, topk_weights, topk_ids)
     if expert_load is not None:
@@ -242,8 +257,14 @@ class MoE(torch.nn.Module):
 
     Parameters: w_gate [E, H] (router), w13 [E, 2F, H] (gate rows then up rows), w2 [E, H, F];
     buffer e_score_correction_bias [E] float32 when score_bias=True (DeepSeek-V3: it is set by
-    load balancing, not by gradients). forward(x [..., H]) -> y [..., H]. Forward only: the
-    parameters are created frozen (requires_grad=False).
+    load balancing, not by gradients). forward(x [..., H]) -> y [..., H].
+
+    Training: trainable=True creates the parameters with requires_grad=True; the default (False)
+    creates them frozen, for inference, as before training existed. forward follows torch's rule
+    either way: with grad enabled and x or a parameter requiring grad (also after
+    ``moe.requires_grad_()``), it runs moekit's training op and y.backward() fills the gradients of
+    x, w_gate, w13 and w2 (bf16, w_gate's in its gate_dtype) from moekit's backward; under
+    torch.no_grad() / torch.inference_mode(), or with nothing requiring grad, the inference op.
 
     track_expert_load=True adds the buffer expert_load [E] int64 (zeros; persistent=False, so it
     is in no state_dict): every forward adds its tokens' assignments per expert to it on the
@@ -256,7 +277,7 @@ class MoE(torch.nn.Module):
                  topk_group: Optional[int] = None, score_bias: bool = False,
                  routed_scaling_factor: float = 1.0, gate_dtype: torch.dtype = torch.bfloat16,
                  device: Union[torch.device, str, int, None] = None, dtype: torch.dtype = torch.bfloat16,
-                 track_expert_load: bool = False) -> None:
+                 track_expert_load: bool = False, trainable: bool = False) -> None:
         super().__init__()
         if dtype != torch.bfloat16:
             _fail("MoE", "dtype", f"moekit's experts run in bfloat16, got {dtype}")
@@ -269,10 +290,10 @@ class MoE(torch.nn.Module):
         self.num_expert_group = num_expert_group
         self.topk_group = topk_group
         self.routed_scaling_factor = routed_scaling_factor
-        frozen = dict(requires_grad=False)  # forward only (see the module's docstring)
-        self.w_gate = torch.nn.Parameter(torch.empty(experts, hidden, dtype=gate_dtype, device=device), **frozen)
-        self.w13 = torch.nn.Parameter(torch.empty(experts, 2 * inter, hidden, dtype=dtype, device=device), **frozen)
-        self.w2 = torch.nn.Parameter(torch.empty(experts, hidden, inter, dtype=dtype, device=device), **frozen)
+        grad = dict(requires_grad=bool(trainable))  # frozen by default (see the class's docstring)
+        self.w_gate = torch.nn.Parameter(torch.empty(experts, hidden, dtype=gate_dtype, device=device), **grad)
+        self.w13 = torch.nn.Parameter(torch.empty(experts, 2 * inter, hidden, dtype=dtype, device=device), **grad)
+        self.w2 = torch.nn.Parameter(torch.empty(experts, hidden, inter, dtype=dtype, device=device), **grad)
         if score_bias:
             self.register_buffer("e_score_correction_bias",
                                  torch.zeros(experts, dtype=torch.float32, device=device))
@@ -336,7 +357,7 @@ def moe_from_hf(layer: torch.nn.Module, config: object = None, arch: Optional[st
 
     Routing comes from `config` (the model's HF config) when given, else from
     moekit.hf.ARCH_DEFAULTS for the detected architecture; keyword overrides (top_k=..., ...) win
-    over both.
+    over both. trainable=True (an override too) makes the packed parameters trainable.
     """
     packed = pack_hf_moe(layer, device=device)
     if packed["w13_scale"] is not None:
@@ -351,9 +372,10 @@ def moe_from_hf(layer: torch.nn.Module, config: object = None, arch: Optional[st
     gate_dtype = w_gate.dtype if w_gate.dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
     top_k = opts.pop("top_k")
     moe = MoE(H, F2 // 2, E, top_k, score_bias=bias is not None, gate_dtype=gate_dtype, device="meta", **opts)
-    moe.w_gate = torch.nn.Parameter(w_gate.to(gate_dtype), requires_grad=False)
-    moe.w13 = torch.nn.Parameter(w13, requires_grad=False)
-    moe.w2 = torch.nn.Parameter(w2, requires_grad=False)
+    grad = bool(opts.get("trainable", False))
+    moe.w_gate = torch.nn.Parameter(w_gate.to(gate_dtype), requires_grad=grad)
+    moe.w13 = torch.nn.Parameter(w13, requires_grad=grad)
+    moe.w2 = torch.nn.Parameter(w2, requires_grad=grad)
     if bias is not None:
         moe.e_score_correction_bias = bias
     if moe.expert_load is not None:  # made on "meta" with the module: a real counter beside the weights

@@ -1,4 +1,5 @@
-// bindings.cpp — moekit._moekit: the public host API of include/moekit/moe.hpp for Python.
+// bindings.cpp — moekit._moekit: the public host API of include/moekit/moe.hpp for Python (the
+// backward's, include/moekit/backward.hpp, is bound in bindings_backward.cpp).
 //
 // Tensors arrive through DLPack (nb::ndarray): a torch/CuPy/JAX array or a DLPack capsule,
 // zero-copy. Every entry converts its arrays at the boundary (boundary.hpp: dtype, rank,
@@ -8,7 +9,8 @@
 // passes (an integer cudaStream_t; moekit.torch passes the current torch stream), with the GIL
 // released; nothing here allocates device memory or synchronises (check_status excepted).
 // A plan's precision goes by name, 'bf16' or 'fp8' (DeepSeek-V3's e4m3 weights with FP32 128x128
-// block scales, which the fp8 entries take as w13_scale / w2_scale; docs/design.md, "FP8").
+// block scales, which the fp8 entries take as w13_scale / w2_scale; docs/design.md, "FP8"); the
+// other arguments that are not arrays are parsed in arguments.hpp.
 //
 // Build: `pip install .` (scikit-build-core; python/CMakeLists.txt).
 #include <nanobind/nanobind.h>
@@ -20,10 +22,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
+#include "arguments.hpp"
 #include "boundary.hpp"
 #include "moekit/moe.hpp"
 #include "moekit/version.hpp"
@@ -32,80 +34,16 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace moekit::py {
+
+void bind_backward(nb::module_& m);  // bindings_backward.cpp
+
 namespace {
-
-Scoring parse_scoring(const char* fn, const std::string& s) {
-  if (s == "softmax") return Scoring::softmax;
-  if (s == "sigmoid") return Scoring::sigmoid;
-  fail(fn, "scoring", "expected 'softmax' or 'sigmoid', got '" + s + "'");
-}
-
-// The precision of the expert GEMMs, by name (include/moekit/moe.hpp, Precision).
-Precision parse_precision(const char* fn, const std::string& s) {
-  if (s == "bf16") return Precision::bf16;
-  if (s == "fp8") return Precision::fp8;
-  fail(fn, "precision", "expected 'bf16' or 'fp8', got '" + s + "'");
-}
-
-RouterOptions router_options(const char* fn, const std::string& scoring, bool renormalize, int64_t n_group,
-                             int64_t topk_group, double routed_scaling_factor) {
-  RouterOptions o;
-  o.scoring = parse_scoring(fn, scoring);
-  o.renormalize = renormalize;
-  o.n_group = n_group;
-  o.topk_group = topk_group;
-  o.routed_scaling_factor = float(routed_scaling_factor);
-  return o;
-}
-
-// ---- devices --------------------------------------------------------------------------------
-
-int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it so later calls see a clean state
-    return 0;
-  }
-  return n;
-}
-
-[[noreturn]] void no_gpu(const char* fn) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  cudaGetLastError();
-  throw CudaError(std::string("moekit.") + fn + ": no CUDA GPU is available (" +
-                  (err == cudaSuccess ? std::string("0 devices") : std::string(cudaGetErrorString(err))) +
-                  "); moekit's kernels need an NVIDIA Hopper GPU (sm_90a). To plan without a GPU, pass "
-                  "device=moekit.DeviceInfo(...)");
-}
-
-// cudaGetDeviceProperties is slow (it reads every attribute): query each device once.
-const DeviceInfo& device_info(const char* fn, int device) {
-  static std::map<int, DeviceInfo> cache;
-  if (device < 0) {
-    if (device_count() == 0) no_gpu(fn);
-    if (cudaGetDevice(&device) != cudaSuccess) no_gpu(fn);
-  } else if (device >= device_count()) {
-    if (device_count() == 0) no_gpu(fn);
-    fail(fn, "device", "CUDA device " + std::to_string(device) + " does not exist (" +
-                           std::to_string(device_count()) + " visible)");
-  }
-  auto it = cache.find(device);
-  if (it == cache.end()) it = cache.emplace(device, query_device(device)).first;
-  return it->second;
-}
 
 ForwardPlan plan_forward_py(int64_t tokens, int64_t hidden, int64_t inter, int64_t experts, int64_t topk,
                             nb::handle device, const std::string& precision) {
   const MoeShape shape{tokens, hidden, inter, experts, topk};
   const Precision p = parse_precision("plan_forward", precision);
-  if (nb::isinstance<DeviceInfo>(device)) return plan_forward(shape, nb::cast<const DeviceInfo&>(device), p);
-  int index = -1;
-  if (!device.is_none()) {
-    if (!nb::try_cast(device, index))
-      throw nb::type_error("moekit.plan_forward: argument 'device': expected None, a device index or a moekit.DeviceInfo");
-  }
-  return plan_forward(shape, device_info("plan_forward", index), p);
+  return plan_forward(shape, device_arg("plan_forward", device), p);
 }
 
 // Offsets (bytes), dtypes and shapes of the workspace's tensors, for views on the Python side.
@@ -389,4 +327,6 @@ NB_MODULE(_moekit, m) {
       "plan"_a, "workspace"_a.none(), nb::kw_only(), "stream"_a = 0,
       "Synchronises the stream and raises moekit.Error if a kernel flagged bad input (an expert id outside "
       "[0, E)). Not for hot loops.");
+
+  bind_backward(m);
 }

@@ -91,24 +91,33 @@ class Call {
   // An optional output (expert_load, added to in place): None means "not given".
   Tensor out_opt(const char* arg, nb::handle h) { return h.is_none() ? Tensor() : out(arg, h); }
 
-  // The caller's workspace: a contiguous CUDA byte buffer of at least workspace_bytes(plan), as
-  // the raw buffer (for the entries that carve it themselves) and carved.
+  // A caller's workspace: a contiguous CUDA byte buffer of at least `need` bytes (the plan's
+  // plan.workspace_bytes), starting on a 256-byte boundary; its base and size.
+  struct Buffer {
+    void* base;
+    size_t bytes;
+  };
+  Buffer buffer(const char* arg, nb::handle h, size_t need) {
+    const Tensor raw = convert<OutArray>(arg, h, /*any_dtype=*/true);
+    const Buffer b{raw.data, size_t(raw_bytes_)};
+    if (b.bytes < need)
+      fail(fn_, arg, "has " + std::to_string(b.bytes) + " bytes; this plan needs plan.workspace_bytes = " +
+                         std::to_string(need));
+    if (reinterpret_cast<uintptr_t>(b.base) % 256 != 0)
+      fail(fn_, arg, "must start on a 256-byte boundary (a fresh allocation does; a slice may not)");
+    return b;
+  }
+
+  // The forward's workspace (at least workspace_bytes(plan)), as the raw buffer (for the entries
+  // that carve it themselves) and carved.
   struct WorkspaceArg {
     void* base;
     size_t bytes;
     Workspace ws;
   };
   WorkspaceArg workspace(const ForwardPlan& plan, nb::handle h) {
-    const Tensor raw = convert<OutArray>("workspace", h, /*any_dtype=*/true);
-    const size_t need = moekit::workspace_bytes(plan);
-    WorkspaceArg w{raw.data, size_t(raw_bytes_), Workspace{}};
-    if (w.bytes < need)
-      fail(fn_, "workspace", "has " + std::to_string(w.bytes) + " bytes; this plan needs plan.workspace_bytes = " +
-                                 std::to_string(need));
-    if (reinterpret_cast<uintptr_t>(w.base) % 256 != 0)
-      fail(fn_, "workspace", "must start on a 256-byte boundary (a fresh allocation does; a slice may not)");
-    w.ws = carve_workspace(plan, w.base, w.bytes);
-    return w;
+    const Buffer b = buffer("workspace", h, moekit::workspace_bytes(plan));
+    return WorkspaceArg{b.base, b.bytes, carve_workspace(plan, b.base, b.bytes)};
   }
 
   // The device every array is on (the current device when none was given).

@@ -1,6 +1,7 @@
 """GPU tests: torch.library.opcheck of every moekit custom op, the fake (meta) implementations
 against the real CUDA ones — schema (declared mutations and aliasing), fake tensors (shapes,
-dtypes, strides of the outputs), AOTAutograd with dynamic shapes, and the autograd registration.
+dtypes, strides of the outputs), AOTAutograd with dynamic shapes (for the training ops, their
+backward too), and the autograd registration.
 
 NOTES: opcheck skips every check when an input is a fake or meta tensor (it compares the fake
 implementation with the real one), so it needs real CUDA tensors: the opcheck tests are marked
@@ -33,7 +34,9 @@ def routed(w, x):
 def cases(w):
     """{name: (op, args)}: every op, its routing options varied (plain; grouped, sigmoid, biased, scaled),
     the layer ops also with FP8 experts (e4m3 weights and their block scales as trailing arguments),
-    and the counting ops (*_counted: the load counter, int64 [E], written in place)."""
+    the counting ops (*_counted: the load counter, int64 [E], written in place), and the training ops
+    (moekit._train) on inputs that require grad — so that opcheck's autograd checks run their
+    backward, moe_backward, against AOTAutograd's — and moe_backward itself for each router gradient."""
     x = randn(T, H, seed=1)
     logits = randn(T, E, seed=2, dtype=torch.float32)
     bias = randn(E, seed=3, dtype=torch.float32, std=0.1)
@@ -44,6 +47,12 @@ def cases(w):
     q13, s13, q2, s2 = moekit.quantize_fp8_weights(w["w13"], w["w2"])
     fp8, scales = (x, q13, q2), (s13, s2)
     load = torch.zeros(E, dtype=torch.int64, device="cuda")
+    need = {name: t.clone().requires_grad_() for name, t in dict(x=x, logits=logits, topk_w=topk_w, **w).items()}
+    train = (need["x"], need["w13"], need["w2"])
+    _, tw_g, ids_g, logits_g, *layout_g = ops.fused_moe_train(*layer, None, w["w_gate"], None, *plain)
+    _, tw_l, ids_l, _, *layout_l = ops.fused_moe_train(*layer, logits, None, bias, *grouped)
+    layout_e = ops.fused_experts_train(*layer, topk_w, topk_ids)[1:]
+    dy, aux = randn(T, H, seed=6), randn(T, E, seed=7, dtype=torch.float32)
     return {
         "fused_moe w_gate": (ops.fused_moe, layer + (None, w["w_gate"], None) + plain),
         "fused_moe logits grouped": (ops.fused_moe, layer + (logits, None, bias) + grouped),
@@ -62,13 +71,24 @@ def cases(w):
         "route x w_gate": (ops.route, (x, w["w_gate"], None, None) + plain),
         "route logits grouped": (ops.route, (None, None, logits, bias) + grouped),
         "combine": (ops.combine, (randn(T * K, H, seed=4), K)),
+        "fused_moe_train w_gate": (ops.fused_moe_train, train + (None, need["w_gate"], None) + plain),
+        "fused_moe_train logits grouped": (ops.fused_moe_train, train + (need["logits"], None, bias) + grouped),
+        "fused_experts_train": (ops.fused_experts_train, train + (need["topk_w"], topk_ids)),
+        "moe_backward gate": (ops.moe_backward, (dy,) + layer + (w["w_gate"], logits_g, tw_g, ids_g, *layout_g, aux,
+                                                                  "gate", True, True) + plain[1:]),
+        "moe_backward logits": (ops.moe_backward, (dy,) + layer + (None, logits, tw_l, ids_l, *layout_l, None,
+                                                                    "logits", True, False) + grouped[1:]),
+        "moe_backward none": (ops.moe_backward, (dy,) + layer + (None, None, topk_w, topk_ids, *layout_e, None,
+                                                                  "none", False, True) + plain[1:]),
     }
 
 
 CASES = ["fused_moe w_gate", "fused_moe logits grouped", "fused_moe_out", "fused_experts", "fused_experts_out",
          "fused_moe fp8", "fused_moe_out fp8", "fused_experts fp8", "fused_experts_out fp8",
          "fused_moe_counted", "fused_moe_out_counted fp8", "fused_experts_counted", "fused_experts_out_counted",
-         "route x w_gate", "route logits grouped", "combine"]
+         "route x w_gate", "route logits grouped", "combine", "fused_moe_train w_gate",
+         "fused_moe_train logits grouped", "fused_experts_train", "moe_backward gate", "moe_backward logits",
+         "moe_backward none"]
 
 
 @pytest.mark.gpu
@@ -99,9 +119,9 @@ def test_opcheck(cases, name):
 
 @pytest.mark.gpu
 def test_opcheck_autograd_registration(w):
-    """Forward only, yet registered where autograd looks (custom_op's Autograd kernel, which refuses a
-    backward): an input that needs grad passes the registration check. Only that check: the others
-    would differentiate, and moekit has no backward yet."""
+    """The inference ops have no backward (the training ops of moekit._train do), yet are registered
+    where autograd looks (custom_op's Autograd kernel, which refuses a backward): an input that needs
+    grad passes the registration check. Only that check: the others would differentiate."""
     x = randn(T, H, seed=5).requires_grad_()
     topk_w, topk_ids = routed(w, x.detach())
     for op, args in ((ops.fused_moe, (x, w["w13"], w["w2"], None, w["w_gate"], None, K, True, "softmax", 0, 0, 1.0)),

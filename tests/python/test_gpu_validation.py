@@ -84,12 +84,17 @@ def test_binding_names_the_argument(w):
         moekit.route(x, w["w_gate"], None, None, ids, wts, n_group=4, topk_group=0)
 
 
-def test_forward_only(w):
+def test_inputs_that_need_grad(w):
+    """The layer trains (y carries a grad_fn; tests/python/test_gpu_train.py checks the gradients); the
+    router alone has no backward and refuses, saying how to train; under no_grad both run the
+    inference ops."""
     x = randn(T, H, seed=2).requires_grad_()
-    with pytest.raises(moekit.Error, match="argument 'x': requires grad"):
-        moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K)
+    assert moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K).grad_fn is not None
+    with pytest.raises(moekit.Error, match="route: argument 'x': requires grad, but moekit.route has no backward"):
+        moekit.torch.route(x, w["w_gate"], top_k=K)
     with torch.no_grad():
-        assert moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K).shape == (T, H)
+        assert moekit.fused_moe(x, w["w13"], w["w2"], w_gate=w["w_gate"], top_k=K).grad_fn is None
+        assert moekit.torch.route(x, w["w_gate"], top_k=K)[0].shape == (T, K)
 
 
 def test_load_counter_is_validated_on_real_memory(w):

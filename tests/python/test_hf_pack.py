@@ -164,6 +164,9 @@ def test_moe_from_hf():
     assert torch.equal(m.e_score_correction_bias, layer.mlp.gate.e_score_correction_bias)
     q = mt.moe_from_hf(qwen3_layer(), top_k=2)  # no config: the arch's defaults, overridden
     assert q.top_k == 2 and q.renormalize and q.e_score_correction_bias is None
+    assert not any(p.requires_grad for p in m.parameters())  # frozen, for inference, by default
+    trained = mt.MoE.from_hf(layer, cfg, trainable=True)
+    assert all(p.requires_grad for p in trained.parameters()) and not trained.e_score_correction_bias.requires_grad
 
 
 def test_reference_routing_mixtral_matches_hf():

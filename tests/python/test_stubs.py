@@ -69,7 +69,7 @@ def test_stub_functions_have_the_bindings_parameters():
     assert checked >= 15
 
 
-@pytest.mark.parametrize("cls", ["DeviceInfo", "Plan"])
+@pytest.mark.parametrize("cls", ["DeviceInfo", "Plan", "BackwardPlan"])
 def test_stub_classes_have_the_bindings_members(cls):
     node = stub_names(stub_tree(SOURCE))[cls]
     members = {}

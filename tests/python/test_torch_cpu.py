@@ -1,6 +1,7 @@
 """CPU tests of moekit.torch (need PyTorch, not a GPU): argument validation names the argument,
 vLLM's argument names, the out= variants, the custom ops' fake implementations, torch.compile
-tracing through them with no graph break (on fake CUDA tensors), and no cached Plan left at exit."""
+tracing through them with no graph break (on fake CUDA tensors), and no cached Plan left at exit.
+The training path's CPU tests are in test_train_cpu.py."""
 import subprocess
 import sys
 import textwrap
@@ -318,16 +319,24 @@ def test_dynamo_traces_fused_moe_and_module_without_graph_break():
     assert "torch.ops.moekit.fused_moe_out" in graphs[2].code
 
 
-def test_forward_only_refuses_inputs_that_need_grad():
+def test_entries_without_backward_refuse_inputs_that_need_grad():
+    """route and combine have no backward: an input that needs grad is refused, naming it and saying
+    how to train (the layer entries train: tests/python/test_train_cpu.py)."""
     with FakeTensorMode():
         t = layer()
-        w13 = t["w13"].clone().requires_grad_()
-        with pytest.raises(moekit.Error, match="fused_moe: argument 'w13': requires grad, but moekit is forward-only"):
-            moekit.fused_moe(t["x"], w13, t["w2"], w_gate=t["w_gate"], top_k=K)
+        x = t["x"].clone().requires_grad_()
+        with pytest.raises(moekit.Error, match="route: argument 'x': requires grad, but moekit.route has no backward: "
+                                               r"call it under torch.no_grad\(\).*to train, moekit.fused_moe and "
+                                               r"moekit.fused_experts have gradients .*moekit.torch.MoE\(..., "
+                                               r"trainable=True\)"):
+            mt.route(x, t["w_gate"], top_k=K)
+        with pytest.raises(moekit.Error, match="combine: argument 'y_rows': requires grad, but moekit.combine has no "
+                                               "backward"):
+            mt.combine(z(T * K, H).requires_grad_(), K)
         with torch.no_grad():
-            assert moekit.fused_moe(t["x"], w13, t["w2"], w_gate=t["w_gate"], top_k=K).shape == (T, H)
+            assert mt.route(x, t["w_gate"], top_k=K)[0].shape == (T, K)
         m = mt.MoE(H, F, E, K, device=D)
-        assert not any(p.requires_grad for p in m.parameters())
+        assert not any(p.requires_grad for p in m.parameters())  # frozen unless trainable=True
         assert m(z(3, H)).shape == (3, H)
 
 
