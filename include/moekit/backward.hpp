@@ -92,6 +92,10 @@ struct BackwardPlan {
   int64_t d_col_tiles() const { return (shape.inter + kDGemmTileN - 1) / kDGemmTileN; }
   // E rounded up to 8 (16-byte rows of bf16): the width of each part of ws.d_logits.
   int64_t experts_padded() const { return (shape.experts + 7) / 8 * 8; }
+  // Rows of the mma.sync tile every ragged GEMM of the backward runs today (16 or 64, by the
+  // layout's block_m; 64 columns: kDGemmTileN). str() names it as what runs; up, d and dx above
+  // are the forward's configs that tuned backward kernels will start from.
+  int ragged_tile_rows() const { return block_m >= 64 ? 64 : 16; }
   std::string str() const;
 };
 

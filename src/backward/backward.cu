@@ -36,14 +36,13 @@ static_assert(kb::kExpertsPerLane * 32 >= kMaxExperts, "the router's warp holds 
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The kernels' row block: 16 rows for the decode layouts (block_m 16 and 32), 64 for the prefill
-// ones (block_m 64 and 128); either lies inside one layout block, so it has one expert.
-int ragged_block_rows(int block_m) { return block_m >= 64 ? 64 : 16; }
-
+// The kernels' row block (BackwardPlan::ragged_tile_rows): 16 rows for the decode layouts
+// (block_m 16 and 32), 64 for the prefill ones (block_m 64 and 128); either lies inside one layout
+// block, so it has one expert.
 void launch_ragged(const char* name, void (*k16)(kb::RaggedParams), void (*k64)(kb::RaggedParams),
                    const BackwardPlan& plan, int64_t n_tiles, int splits, const kb::RaggedParams& p,
                    cudaStream_t stream) {
-  const int bm = ragged_block_rows(plan.block_m);
+  const int bm = plan.ragged_tile_rows();
   launch_pdl(name, bm == 16 ? k16 : k64, dim3(unsigned(plan.max_rows() / bm), unsigned(n_tiles), unsigned(splits)),
              dim3(kb::kThreads), 0, stream, p);
 }

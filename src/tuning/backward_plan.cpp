@@ -115,7 +115,8 @@ std::string BackwardPlan::str() const {
          " F=" + std::to_string(shape.inter) + " E=" + std::to_string(shape.experts) + " k=" +
          std::to_string(shape.topk) + " block_m=" + std::to_string(block_m) + " saved=" +
          saved_activations_name(o.saved) + " router=" + router_grad_name(o.router) +
-         " grads=" + (grads.empty() ? "none" : grads) +
+         " grads=" + (grads.empty() ? "none" : grads) + " tiles=mma_sync-m" + std::to_string(ragged_tile_rows()) +
+         "n" + std::to_string(kDGemmTileN) + " from:" +
          (o.saved == SavedActivations::recompute ? " up=" + up.str() : "") + " d=" + d.str() +
          (o.input_grad ? " dx=" + dx.str() : "") + (dx_splits > 1 ? " dx_splits=" + std::to_string(dx_splits) : "") +
          (dw_splits > 1 ? " dw_splits=" + std::to_string(dw_splits) : "") +

@@ -96,9 +96,12 @@ TEST(PlanBackward, PrintsItsChoices) {
   const BackwardPlan b = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, o);
   const std::string s = b.str();
   for (const std::string want : {"backward T=16384", "block_m=128", "saved=recompute", "router=gate",
-                                 "grads=dx,dw(f32,accumulate)", " up=", " d=", " dx=", "dw_splits=8", "gate_splits=",
-                                 "source=forward:"})
+                                 "grads=dx,dw(f32,accumulate)", "tiles=mma_sync-m64n64 from:", " up=", " d=", " dx=",
+                                 "dw_splits=8", "gate_splits=", "source=forward:"})
     EXPECT_NE(s.find(want), std::string::npos) << want << " in " << s;
+  // The tile that runs follows the layout: 16 rows at decode's block_m (16, 32), 64 at prefill's.
+  EXPECT_NE(plan_backward(plan_forward(MoeShape{4, 256, 128, 4, 2}, kH200), kH200, o).str().find("tiles=mma_sync-m16n64"),
+            std::string::npos);
   o.saved = SavedActivations::h;
   EXPECT_EQ(plan_backward(plan_forward(MoeShape{16, 256, 128, 4, 2}, kH200), kH200, o).str().find(" up="),
             std::string::npos);  // nothing to recompute
