@@ -73,6 +73,25 @@ inline void* fake_ptr(int slot) {
   return reinterpret_cast<void*>(uintptr_t(0x10000000) + uintptr_t(slot) * uintptr_t(0x1000000));
 }
 inline Tensor with_dtype(Tensor t, DType d) { t.dtype = d; return t; }
+
+// Every argument of a small bf16 layer (T 8, H 256, F 128, E 16, k 4) on fake pointers (slots
+// 1-10), with a workspace of exactly the planned size: what the entries' validation tests mutate.
+struct FakeLayerArgs {
+  static constexpr int64_t kT = 8, kE = 16, kK = 4, kH = 256, kF = 128;
+  ForwardPlan plan = plan_forward(MoeShape{kT, kH, kF, kE, kK}, kH200);
+  MoeInputs in{Tensor(fake_ptr(1), DType::bf16, {kT, kH}),          // x
+               Tensor(fake_ptr(2), DType::bf16, {kE, kH}),          // w_gate
+               Tensor{},                                            // router_logits
+               Tensor(fake_ptr(3), DType::f32, {kE}),               // score_bias
+               Tensor(fake_ptr(4), DType::bf16, {kE, 2 * kF, kH}),  // w13
+               Tensor(fake_ptr(5), DType::bf16, {kE, kH, kF})};     // w2
+  Tensor topk_ids{fake_ptr(6), DType::i32, {kT, kK}};
+  Tensor topk_weights{fake_ptr(7), DType::f32, {kT, kK}};
+  Tensor y{fake_ptr(9), DType::bf16, {kT, kH}};
+  RouterOptions opt{};
+  void* workspace = fake_ptr(10);
+  size_t bytes = workspace_bytes(plan);
+};
 inline Tensor with_shape(Tensor t, std::initializer_list<int64_t> dims) {
   return Tensor(t.data, t.dtype, dims);
 }

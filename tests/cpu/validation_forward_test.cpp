@@ -10,24 +10,11 @@
 namespace moekit::testing {
 namespace {
 
-constexpr int64_t kT = 8, kE = 16, kK = 4, kH = 256, kF = 128;
+constexpr int64_t kT = FakeLayerArgs::kT, kE = FakeLayerArgs::kE, kK = FakeLayerArgs::kK, kH = FakeLayerArgs::kH,
+                  kF = FakeLayerArgs::kF;
 
-// Every argument of the layer on fake pointers, with a workspace of exactly the planned size.
-struct Layer {
-  ForwardPlan plan = plan_forward(MoeShape{kT, kH, kF, kE, kK}, kH200);
-  MoeInputs in{Tensor(fake_ptr(1), DType::bf16, {kT, kH}),          // x
-               Tensor(fake_ptr(2), DType::bf16, {kE, kH}),          // w_gate
-               Tensor{},                                            // router_logits
-               Tensor(fake_ptr(3), DType::f32, {kE}),               // score_bias
-               Tensor(fake_ptr(4), DType::bf16, {kE, 2 * kF, kH}),  // w13
-               Tensor(fake_ptr(5), DType::bf16, {kE, kH, kF})};     // w2
-  Tensor topk_ids{fake_ptr(6), DType::i32, {kT, kK}};
-  Tensor topk_weights{fake_ptr(7), DType::f32, {kT, kK}};
-  Tensor y{fake_ptr(9), DType::bf16, {kT, kH}};
-  RouterOptions opt{};
-  void* workspace = fake_ptr(10);
-  size_t bytes = workspace_bytes(plan);
-
+// Every argument of the layer on fake pointers (FakeLayerArgs), and its two entries.
+struct Layer : FakeLayerArgs {
   void experts() const {
     experts_forward(plan, in.x, in.w13, in.w2, topk_ids, topk_weights, y, workspace, bytes, nullptr);
   }

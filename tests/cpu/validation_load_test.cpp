@@ -14,23 +14,11 @@
 namespace moekit::testing {
 namespace {
 
-constexpr int64_t kT = 8, kE = 16, kK = 4, kH = 256, kF = 128;
+constexpr int64_t kT = FakeLayerArgs::kT, kE = FakeLayerArgs::kE, kK = FakeLayerArgs::kK;
 
-// Every argument of the three entries on fake pointers (cpu_test_util.hpp: distinct, 256-byte
-// aligned, never dereferenced), and a valid counter of its own.
-struct Call {
-  ForwardPlan plan = plan_forward(MoeShape{kT, kH, kF, kE, kK}, kH200);
-  MoeInputs in{Tensor(fake_ptr(1), DType::bf16, {kT, kH}),          // x
-               Tensor(fake_ptr(2), DType::bf16, {kE, kH}),          // w_gate
-               Tensor{},                                            // router_logits
-               Tensor(fake_ptr(3), DType::f32, {kE}),               // score_bias
-               Tensor(fake_ptr(4), DType::bf16, {kE, 2 * kF, kH}),  // w13
-               Tensor(fake_ptr(5), DType::bf16, {kE, kH, kF})};     // w2
-  Tensor topk_ids{fake_ptr(6), DType::i32, {kT, kK}};
-  Tensor topk_weights{fake_ptr(7), DType::f32, {kT, kK}};
-  Tensor y{fake_ptr(9), DType::bf16, {kT, kH}};
-  void* workspace = fake_ptr(10);
-  size_t bytes = workspace_bytes(plan);
+// Every argument of the three entries on fake pointers (FakeLayerArgs), and a valid counter of
+// its own.
+struct Call : FakeLayerArgs {
   Tensor expert_load{fake_ptr(12), DType::i64, {kE}};
 
   void align_call() const {

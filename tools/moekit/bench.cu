@@ -35,8 +35,6 @@ struct Context {
   cublasHandle_t blas;
 };
 
-enum class Outcome { ok, check_failed, verify_failed };
-
 // Checks, times and reports one token count; `rows` gets every row that was measured. A failed
 // check times nothing; a failure after timing (determinism, a baseline) keeps the rows.
 Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
@@ -241,18 +239,7 @@ int run_bench(const BenchArgs& args, const std::string& command) {
   apply_skew(layer, args, stream.s);
 
   const Context cx{args, layer, dev, info, stream.s, blas.h};
-  std::vector<Row> rows;
-  bool ok = true;
-  for (int64_t T : args.tokens) {
-    const Outcome out = bench_tokens(cx, T, rows);
-    if (out == Outcome::check_failed) {
-      std::printf("check failed for T=%lld: nothing timed; stopping\n", (long long)T);
-      return kExitFailed;
-    }
-    ok = ok && out == Outcome::ok;
-  }
-  write_rows(args.json, args.csv, info, rows);
-  return ok ? kExitOk : kExitFailed;
+  return bench_each_token_count(args, info, [&](int64_t T, std::vector<Row>& rows) { return bench_tokens(cx, T, rows); });
 }
 
 }  // namespace moekit::cli

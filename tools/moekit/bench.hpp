@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,26 @@ RunInfo start_bench_run(const char* title, const LayerSpec& spec, const BenchArg
                         const DeviceInfo& dev, cublasHandle_t blas, cudaStream_t stream);
 // --skew: calibrates the layer's router bias to the skewed loads and prints what it reached.
 void apply_skew(GpuLayer& layer, const BenchArgs& args, cudaStream_t stream);
+// What one token count of a bench gave: all checks passed, the check before timing failed (nothing
+// timed), or a check after timing failed (determinism, a baseline: the rows are kept).
+enum class Outcome { ok, check_failed, verify_failed };
+// The token loop of a bench mode: bench_tokens(T, rows) per --tokens; stops at a failed check
+// before timing, then writes --json/--csv of every row measured. Returns the exit code.
+template <class BenchTokens>
+int bench_each_token_count(const BenchArgs& args, const RunInfo& info, BenchTokens&& bench_tokens) {
+  std::vector<Row> rows;
+  bool ok = true;
+  for (int64_t T : args.tokens) {
+    const Outcome out = bench_tokens(T, rows);
+    if (out == Outcome::check_failed) {
+      std::printf("check failed for T=%lld: nothing timed; stopping\n", (long long)T);
+      return kExitFailed;
+    }
+    ok = ok && out == Outcome::ok;
+  }
+  write_rows(args.json, args.csv, info, rows);
+  return ok ? kExitOk : kExitFailed;
+}
 // `moekit bench --dtype fp8`: the layer with DeepSeek-V3's FP8 experts (bench_fp8.cu).
 int run_bench_fp8(const BenchArgs& args, const std::string& command);
 // `moekit bench --ep R`: spawns R rank processes of this executable (argv) and, in each, times the

@@ -50,8 +50,6 @@ struct Context {
   Tensor dw13, dw2;  // [E, 2F, H], [E, H, F] bf16: the weight gradients, one pair for every T
 };
 
-enum class Outcome { ok, check_failed, verify_failed };
-
 // Byte ranges of what moe_backward must read and write in weight copy c — the touched experts'
 // w13 and w2 and w_gate read, their dW13, dW2 and d_w_gate written — streamed as reads for its
 // read time (the bytes of StageCost::weight_bytes). The gradients are one buffer for all copies:
@@ -272,18 +270,7 @@ int run_bench_backward(const BenchArgs& args, const std::string& command) {
   const Tensor dw13_t(dw13.get(), DType::bf16, {s.experts, 2 * s.inter, s.hidden});
   const Tensor dw2_t(dw2.get(), DType::bf16, {s.experts, s.hidden, s.inter});
   const Context cx{args, layer, dev, info, stream.s, blas.h, dw13_t, dw2_t};
-  std::vector<Row> rows;
-  bool ok = true;
-  for (int64_t T : args.tokens) {
-    const Outcome out = bench_tokens(cx, T, rows);
-    if (out == Outcome::check_failed) {
-      std::printf("check failed for T=%lld: nothing timed; stopping\n", (long long)T);
-      return kExitFailed;
-    }
-    ok = ok && out == Outcome::ok;
-  }
-  write_rows(args.json, args.csv, info, rows);
-  return ok ? kExitOk : kExitFailed;
+  return bench_each_token_count(args, info, [&](int64_t T, std::vector<Row>& rows) { return bench_tokens(cx, T, rows); });
 }
 
 }  // namespace moekit::cli
