@@ -65,7 +65,10 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
       ptx::fence_operands(part);
-      if (half == 1 && lane == 0) ptx::mbar_arrive(sm.empty(stage));  // both halves read the stage
+      if (half == 1) {  // both halves read the stage
+        __syncwarp();     // every lane's scale loads of the stage before lane 0 releases it
+        if (lane == 0) ptx::mbar_arrive(sm.empty(stage));
+      }
       const float s0 = sa[0] * sb[half], s1 = sa[1] * sb[half];
 #pragma unroll
       for (int v = 0; v < kHalfAccs; ++v) acc[half * kHalfAccs + v] += part[v] * ((v & 2) ? s1 : s0);
