@@ -63,10 +63,10 @@ inline constexpr int kMaxGateGradSplits = 8;    // d_w_gate over the T tokens
 // The tile the weight-gradient GEMMs are planned with: 128 x 128 outputs of dW (the wgmma
 // prefill tile), 64 sorted rows a K step.
 inline constexpr int kWeightGradTileM = 128, kWeightGradTileN = 128, kWeightGradTileK = 64;
-// The D GEMM's column tile: each tile of F writes one partial ⟨D, act⟩ per assignment
-// (ws.dw_partials). The backward's GEMMs are mma.sync kernels of their own tiles (src/backward:
-// 16 or 64 rows by 64 columns); the forward's configs the plan records (up, d, dx) are what tuned
-// backward kernels will start from.
+// The D GEMM's column group: each 64 columns of F write one partial ⟨D, act⟩ per assignment
+// (ws.dw_partials), whatever the tile. The backward's GEMMs are mma.sync kernels of their own
+// tiles (src/backward: BackwardPlan::ragged_tile_rows); the forward's configs the plan records
+// (up, d, dx) are what tuned backward kernels will start from.
 inline constexpr int kDGemmTileN = 64;
 
 // The plan of one backward pass: every kernel choice (made by plan_backward from the forward's
@@ -84,6 +84,7 @@ struct BackwardPlan {
   int dx_splits = 1;    // split-K of the dx GEMM (decode): FP32 partials that the dx combine sums
   int dw_splits = 1;    // split-K of dW2/dW13 over each expert's rows: FP32 partials, summed in order
   int gate_splits = 1;  // split-K over T of d_w_gate = d_logitsᵀ·x (RouterGrad::gate)
+  int tile_rows = 16;   // rows of the backward's mma.sync tiles: 16, 64 or 128 (ragged_tile_rows)
   std::string source;   // "forward:" + the forward plan's source
 
   int64_t max_rows() const { return worst_case_rows(shape, block_m); }
@@ -92,10 +93,13 @@ struct BackwardPlan {
   int64_t d_col_tiles() const { return (shape.inter + kDGemmTileN - 1) / kDGemmTileN; }
   // E rounded up to 8 (16-byte rows of bf16): the width of each part of ws.d_logits.
   int64_t experts_padded() const { return (shape.experts + 7) / 8 * 8; }
-  // Rows of the mma.sync tile every ragged GEMM of the backward runs today (16 or 64, by the
-  // layout's block_m; 64 columns: kDGemmTileN). str() names it as what runs; up, d and dx above
-  // are the forward's configs that tuned backward kernels will start from.
-  int ragged_tile_rows() const { return block_m >= 64 ? 64 : 16; }
+  // The mma.sync tile every ragged GEMM of the backward runs today: 16 or 64 rows by 64 columns
+  // (4 warps), or 128 by 256 (8 warps); the weight gradients' tile is 64 x 64 or 128 x 256 alike.
+  // tile_rows divides block_m (a tile has one expert); plan_backward picks it from the rows an
+  // expert gets. str() names it as what runs; up, d and dx above are the forward's configs that
+  // tuned backward kernels will start from.
+  int ragged_tile_rows() const { return tile_rows; }
+  int ragged_tile_cols() const { return tile_rows == 128 ? 256 : 64; }
   std::string str() const;
 };
 

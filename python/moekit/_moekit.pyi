@@ -269,6 +269,9 @@ class BackwardPlan:
     def gate_splits(self) -> int: ...
 
     @property
+    def tile_rows(self) -> int: ...
+
+    @property
     def up(self) -> str: ...
 
     @property

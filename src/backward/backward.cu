@@ -13,6 +13,9 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <cstdint>
+#include <mutex>
+#include <set>
+#include <utility>
 
 #include "backward/params.hpp"
 #include "backward/ragged.cuh"
@@ -36,16 +39,64 @@ static_assert(kb::kExpertsPerLane * 32 >= kMaxExperts, "the router's warp holds 
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A kernel with its tile's launch geometry.
+template <class P>
+struct TiledKernel {
+  void (*fn)(P);
+  int bm, bn, threads;
+  size_t smem;
+};
+template <class Cfg, class P>
+TiledKernel<P> tiled(void (*fn)(P)) {
+  return {fn, Cfg::BM, Cfg::BN, Cfg::kThreads, Cfg::kSmemBytes};
+}
+
+// The opt-in to more than 48 KiB of dynamic shared memory, once per kernel and device.
+void opt_in_smem(const void* fn, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  static std::mutex mutex;
+  static std::set<std::pair<int, const void*>> done;
+  int device = 0;
+  MK_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (done.count({device, fn})) return;
+  MK_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  done.insert({device, fn});
+}
+
+template <class P>
+void launch_tiled(const char* name, const TiledKernel<P>& k, dim3 grid, const P& p, cudaStream_t stream) {
+  opt_in_smem(reinterpret_cast<const void*>(k.fn), k.smem);
+  launch_pdl(name, k.fn, grid, dim3(unsigned(k.threads)), k.smem, stream, p);
+}
+
 // The kernels' row block (BackwardPlan::ragged_tile_rows): 16 rows for the decode layouts
-// (block_m 16 and 32), 64 for the prefill ones (block_m 64 and 128); either lies inside one layout
-// block, so it has one expert.
-void launch_ragged(const char* name, void (*k16)(kb::RaggedParams), void (*k64)(kb::RaggedParams),
-                   const BackwardPlan& plan, int64_t n_tiles, int splits, const kb::RaggedParams& p,
+// (block_m 16 and 32), 64 for block_m 64, 128 (the 128 x 256 tile) for block_m 128; each lies
+// inside one layout block, so it has one expert. n_dim: the output columns the tiles cover.
+template <kb::Major B, template <int> class Kernel>
+void launch_ragged(const char* name, const BackwardPlan& plan, int64_t n_dim, int splits, const kb::RaggedParams& p,
                    cudaStream_t stream) {
   const int bm = plan.ragged_tile_rows();
-  launch_pdl(name, bm == 16 ? k16 : k64, dim3(unsigned(plan.max_rows() / bm), unsigned(n_tiles), unsigned(splits)),
-             dim3(kb::kThreads), 0, stream, p);
+  const TiledKernel<kb::RaggedParams> k =
+      bm == 16   ? tiled<kb::RaggedTile<16, B>>(Kernel<16>::fn)
+      : bm == 64 ? tiled<kb::RaggedTile<64, B>>(Kernel<64>::fn)
+                 : tiled<kb::RaggedTile<128, B>>(Kernel<128>::fn);
+  launch_tiled(name, k, dim3(unsigned(plan.max_rows() / k.bm), unsigned(cdiv(n_dim, k.bn)), unsigned(splits)), p,
+               stream);
 }
+// The kernel templates as launch_ragged's Kernel<BM>::fn.
+template <int BM>
+struct RecomputeH {
+  static constexpr auto fn = kb::recompute_h_kernel<BM>;
+};
+template <int BM>
+struct DGemm {
+  static constexpr auto fn = kb::d_gemm_kernel<BM>;
+};
+template <int BM>
+struct DxGemm {
+  static constexpr auto fn = kb::dx_gemm_kernel<BM>;
+};
 
 kb::WeightOut weight_out(const Tensor& out, const Tensor& partials, int splits, bool accumulate, int64_t rows,
                          int64_t cols, int64_t experts) {
@@ -103,8 +154,7 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     p.b = w13, p.b_expert_stride = 2 * F * H;
     p.k_dim = H, p.n_dim = 2 * F, p.inter = F;
     p.h_out = ws.h.as<kb::bf16>();
-    launch_ragged("recompute_h_kernel", kb::recompute_h_kernel<16>, kb::recompute_h_kernel<64>, plan,
-                  cdiv(2 * F, kb::kRaggedTileN), 1, p, stream);
+    launch_ragged<kb::Major::K, RecomputeH>("recompute_h_kernel", plan, 2 * F, 1, p, stream);
   }
 
   // 2. D = dy·W2_e and its epilogue.
@@ -119,8 +169,7 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     p.dh = ws.dh.as<kb::bf16>();        // null when neither dx nor dW is computed
     p.act_w = ws.act_w.as<kb::bf16>();  // null without dW
     p.dw_partials = ws.dw_partials.as<float>();
-    launch_ragged("d_gemm_kernel", kb::d_gemm_kernel<16>, kb::d_gemm_kernel<64>, plan, plan.d_col_tiles(), 1, p,
-                  stream);
+    launch_ragged<kb::Major::MN, DGemm>("d_gemm_kernel", plan, F, 1, p, stream);
   }
 
   // 3. d_topk_weights: the caller's buffer when given, else the workspace's (the router reads it).
@@ -180,8 +229,7 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     p.k_tiles_per_split = cdiv(cdiv(2 * F, kb::kTileK), plan.dx_splits);
     p.dx_rows = ws.dx_rows.as<kb::bf16>();
     p.dx_partials = ws.dx_partials.as<float>();
-    launch_ragged("dx_gemm_kernel", kb::dx_gemm_kernel<16>, kb::dx_gemm_kernel<64>, plan, cdiv(H, kb::kRaggedTileN),
-                  plan.dx_splits, p, stream);
+    launch_ragged<kb::Major::MN, DxGemm>("dx_gemm_kernel", plan, H, plan.dx_splits, p, stream);
     kb::DxCombineParams c{};
     c.dx_rows = ws.dx_rows.as<const kb::bf16>();
     c.dx_partials = ws.dx_partials.as<const float>();
@@ -209,17 +257,19 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     // dW2_e [H, F] = Σ_r dy_tᵀ·act_w[r]: M = H from dy by token, N = F from act_w.
     p.a = kb::SortedOperand{dy, H, true};
     p.b = kb::SortedOperand{ws.act_w.as<const kb::bf16>(), F, false};
+    const TiledKernel<kb::WeightGradParams> wk =
+        plan.ragged_tile_rows() == 128 ? tiled<kb::WeightTile<128>>(kb::weight_grad_kernel<128>)
+                                       : tiled<kb::WeightTile<64>>(kb::weight_grad_kernel<64>);
+    auto weight_grid = [&](int64_t rows, int64_t cols) {
+      return dim3(unsigned(cdiv(rows, wk.bm) * cdiv(cols, wk.bn)), unsigned(E), unsigned(S));
+    };
     p.out = weight_out(grads.dw2, ws.dw2_partials, S, acc, H, F, E);
-    launch_pdl("weight_grad_kernel", kb::weight_grad_kernel,
-               dim3(unsigned(cdiv(H, kb::kWeightTile) * cdiv(F, kb::kWeightTile)), unsigned(E), unsigned(S)),
-               dim3(kb::kThreads), 0, stream, p);
+    launch_tiled("weight_grad_kernel", wk, weight_grid(H, F), p, stream);
     // dW13_e [2F, H] = Σ_r dh[r]ᵀ·x_t: M = 2F from dh, N = H from x by token.
     p.a = kb::SortedOperand{ws.dh.as<const kb::bf16>(), 2 * F, false};
     p.b = kb::SortedOperand{x, H, true};
     p.out = weight_out(grads.dw13, ws.dw13_partials, S, acc, 2 * F, H, E);
-    launch_pdl("weight_grad_kernel", kb::weight_grad_kernel,
-               dim3(unsigned(cdiv(2 * F, kb::kWeightTile) * cdiv(H, kb::kWeightTile)), unsigned(E), unsigned(S)),
-               dim3(kb::kThreads), 0, stream, p);
+    launch_tiled("weight_grad_kernel", wk, weight_grid(2 * F, H), p, stream);
     if (S > 1) {
       launch_split_sum(ws.dw2_partials, S, grads.dw2, acc, stream);
       launch_split_sum(ws.dw13_partials, S, grads.dw13, acc, stream);

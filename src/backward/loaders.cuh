@@ -20,13 +20,13 @@
 
 namespace moekit::kernels::backward {
 
-// A K-major tile of R rows. row(r) gives tile row r's source at k = 0 (null: zero). Columns past
-// k_dim are zero; with k_wrap < k_dim, column k >= k_wrap reads the row at k - k_wrap (the router's
-// d_logits rows read twice, once per part of an f32 w_gate).
-template <int R>
+// A K-major tile of R rows, loaded by Threads threads. row(r) gives tile row r's source at k = 0
+// (null: zero). Columns past k_dim are zero; with k_wrap < k_dim, column k >= k_wrap reads the row
+// at k - k_wrap (the router's d_logits rows read twice, once per part of an f32 w_gate).
+template <int R, int Threads = kThreads>
 struct KRows {
-  static constexpr int kIters = R * kChunks / kThreads;
-  static_assert(R * kChunks % kThreads == 0, "the tile's chunks split evenly over the threads");
+  static constexpr int kIters = R * kChunks / Threads;
+  static_assert(R * kChunks % Threads == 0, "the tile's chunks split evenly over the threads");
   const bf16* src[kIters];
   const bf16* any;  // a valid address for zero-filled chunks (nothing is read from it)
   int64_t k_dim, k_wrap;
@@ -36,7 +36,7 @@ struct KRows {
   __device__ __forceinline__ KRows(RowFn row, const bf16* any_, int64_t k_dim_, int64_t k_wrap_, int tid_)
       : any(any_), k_dim(k_dim_), k_wrap(k_wrap_), tid(tid_) {
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) src[i] = row((tid + i * kThreads) / kChunks);
+    for (int i = 0; i < kIters; ++i) src[i] = row((tid + i * Threads) / kChunks);
   }
 
   __device__ __forceinline__ void load(bf16* tile, int64_t kt) const {
@@ -45,17 +45,21 @@ struct KRows {
     const int64_t col = k >= k_wrap ? k - k_wrap : k;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const int r = (tid + i * kThreads) / kChunks;
+      const int r = (tid + i * Threads) / kChunks;
       const bool ok = src[i] != nullptr && k < k_dim;
       dev::cp_async16(dev::smem_addr(tile + swz(r, c)), ok ? src[i] + col : any, ok ? 16u : 0u);
     }
   }
 };
 
-// An MN-major tile: 64 K rows, row(k) the source of K index k (null: zero), read from column mn0.
-template <class RowFn>
+// An MN-major tile W wide (W / 64 panels), loaded by Threads threads: 64 K rows, row(k) the source
+// of K index k (null: zero), read from column mn0. A thread keeps one chunk column (Threads is a
+// multiple of the W / 8 chunks a row), so its bound check is one compare.
+template <class RowFn, int W = 64, int Threads = kThreads>
 struct MNRows {
-  static constexpr int kIters = kTileK * kChunks / kThreads;
+  static constexpr int kRowChunks = W / kChunks, kRowsPerPass = Threads / kRowChunks;
+  static constexpr int kIters = kTileK / kRowsPerPass;
+  static_assert(Threads % kRowChunks == 0 && kTileK % kRowsPerPass == 0, "the tile's chunks split evenly");
   RowFn row;
   const bf16* any;
   int64_t mn0, mn_dim;
@@ -65,13 +69,13 @@ struct MNRows {
       : row(row_), any(any_), mn0(mn0_), mn_dim(mn_dim_), tid(tid_) {}
 
   __device__ __forceinline__ void load(bf16* tile, int64_t kt) const {
-    const int c = tid % kChunks;
+    const int c = tid % kRowChunks;
     const int64_t mn = mn0 + c * 8;
 #pragma unroll
     for (int i = 0; i < kIters; ++i) {
-      const int r = (tid + i * kThreads) / kChunks;
+      const int r = tid / kRowChunks + i * kRowsPerPass;
       const bf16* s = mn < mn_dim ? row(kt * kTileK + r) : nullptr;
-      dev::cp_async16(dev::smem_addr(tile + swz(r, c)), s ? s + mn : any, s ? 16u : 0u);
+      dev::cp_async16(dev::smem_addr(tile + mn_swz(r, c)), s ? s + mn : any, s ? 16u : 0u);
     }
   }
 };

@@ -5,8 +5,9 @@
 //                        turns D, h and the routing weight into dh = dg | du, act_w = w·act and each
 //                        column tile's ⟨D, act⟩ per assignment (dw_partials);
 //   dx_gemm_kernel     — dx_rows[a] = dh·W13_e [H] (W13_e [2F, H] read N-major), or split-K partials.
-// A kernel block of BM rows (16 for the decode layouts, block_m 16 and 32; 64 for block_m 64 and
-// 128) lies inside one layout block, so it has one expert. Row r's assignment is sorted_ids[r];
+// A kernel block of BM rows (16 for the decode layouts, block_m 16 and 32; 64 for block_m 64; 128,
+// the 8-warp 128 x 256 tile of tile.cuh, for block_m 128) lies inside one layout block, so it has
+// one expert. Shared memory is dynamic (the launcher gives Cfg::kSmemBytes). Row r's assignment is sorted_ids[r];
 // padding rows (the sentinel T·k) load zeros and store nothing, and a BM-row block that starts
 // with padding holds no assignment (an expert's assignments come first) and exits. The grid covers
 // the worst-case rows; num_rows_padded is read on the device, so no host waits for it.
@@ -15,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backward/loaders.cuh"
 #include "backward/params.hpp"
@@ -23,12 +25,15 @@
 
 namespace moekit::kernels::backward {
 
-// The D GEMM's column tile: one ⟨D, act⟩ partial per row and tile (moekit::kDGemmTileN).
+// The D GEMM's partial ⟨D, act⟩: one per row and 64-column group (moekit::kDGemmTileN); a tile
+// covers BN / 64 groups.
 inline constexpr int kRaggedTileN = 64;
 
-// 16-row blocks on 1 x 4 warps (warp tile 16 x 16), 64-row blocks on 2 x 2 (32 x 32).
+// 16-row blocks by 64 on 1 x 4 warps (warp tile 16 x 16), 64-row blocks by 64 on 2 x 2 (32 x 32),
+// 128-row blocks by 256 on 2 x 4 (64 x 64) over 4 stages.
 template <int BM, Major B>
-using RaggedTile = Tile<BM, kRaggedTileN, BM == 16 ? 1 : 2, BM == 16 ? 4 : 2, Major::K, B>;
+using RaggedTile = std::conditional_t<BM == 128, Tile<128, 256, 2, 4, Major::K, B, 4>,
+                                      Tile<BM, kRaggedTileN, BM == 16 ? 1 : 2, BM == 16 ? 4 : 2, Major::K, B>>;
 
 __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -64,20 +69,21 @@ struct RowIds {
 };
 
 template <int BM>
-__global__ void __launch_bounds__(kThreads) recompute_h_kernel(const RaggedParams p) {
+__global__ void __launch_bounds__(RaggedTile<BM, Major::K>::kThreads) recompute_h_kernel(const RaggedParams p) {
   using Cfg = RaggedTile<BM, Major::K>;
+  constexpr int NT = Cfg::kThreads;
   dev::pdl_enter();
   int64_t row0;
   int expert;
   if (!ragged_rows<BM>(p.layout, row0, expert)) return;
-  __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
+  bf16* smem = reinterpret_cast<bf16*>(backward_smem);
   const int tid = int(threadIdx.x);
   const Layout& L = p.layout;
-  const int64_t n0 = int64_t(blockIdx.y) * kRaggedTileN;
+  const int64_t n0 = int64_t(blockIdx.y) * Cfg::BN;
   const bf16* w13 = p.b + expert * p.b_expert_stride;  // [2F, H]
-  const KRows<BM> a([&](int r) { return token_row(L, row0 + r, p.a, p.a_stride); }, p.a, p.k_dim, p.k_dim, tid);
-  const KRows<kRaggedTileN> b([&](int r) { return n0 + r < p.n_dim ? w13 + (n0 + r) * p.k_dim : nullptr; }, p.b,
-                              p.k_dim, p.k_dim, tid);
+  const KRows<BM, NT> a([&](int r) { return token_row(L, row0 + r, p.a, p.a_stride); }, p.a, p.k_dim, p.k_dim, tid);
+  const KRows<Cfg::BN, NT> b([&](int r) { return n0 + r < p.n_dim ? w13 + (n0 + r) * p.k_dim : nullptr; }, p.b,
+                             p.k_dim, p.k_dim, tid);
   Mma<Cfg> mma(tid);
   const RowIds<Cfg> ids(L, row0, mma);
   k_loop(mma, smem, a, b, 0, ceil_div(p.k_dim, kTileK));
@@ -113,26 +119,30 @@ struct SwigluGrad {
 };
 
 template <int BM>
-__global__ void __launch_bounds__(kThreads) d_gemm_kernel(const RaggedParams p) {
+__global__ void __launch_bounds__(RaggedTile<BM, Major::MN>::kThreads) d_gemm_kernel(const RaggedParams p) {
   using Cfg = RaggedTile<BM, Major::MN>;
+  constexpr int NT = Cfg::kThreads;
+  // A warp's columns lie in one 64-column group; a group's warps are consecutive in wn.
+  constexpr int kGroups = Cfg::BN / kRaggedTileN, kGroupWarps = Cfg::WN / kGroups;
+  static_assert(Cfg::BN % kRaggedTileN == 0 && kRaggedTileN % Cfg::TN == 0, "a warp's columns are in one group");
   dev::pdl_enter();
   int64_t row0;
   int expert;
   if (!ragged_rows<BM>(p.layout, row0, expert)) return;
-  __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
+  bf16* smem = reinterpret_cast<bf16*>(backward_smem);
   const int tid = int(threadIdx.x);
   const Layout& L = p.layout;
-  const int64_t n0 = int64_t(blockIdx.y) * kRaggedTileN, F = p.inter;
+  const int64_t n0 = int64_t(blockIdx.y) * Cfg::BN, F = p.inter;
   const bf16* w2 = p.b + expert * p.b_expert_stride;  // [H, F]: row k = h holds the N = F values
-  const KRows<BM> a([&](int r) { return token_row(L, row0 + r, p.a, p.a_stride); }, p.a, p.k_dim, p.k_dim, tid);
-  const MNRows<DenseRows> b(DenseRows{w2, F, p.k_dim}, p.b, n0, F, tid);
+  const KRows<BM, NT> a([&](int r) { return token_row(L, row0 + r, p.a, p.a_stride); }, p.a, p.k_dim, p.k_dim, tid);
+  const MNRows<DenseRows, Cfg::BN, NT> b(DenseRows{w2, F, p.k_dim}, p.b, n0, F, tid);
   Mma<Cfg> mma(tid);
   const RowIds<Cfg> ids(L, row0, mma);
   k_loop(mma, smem, a, b, 0, ceil_div(p.k_dim, kTileK));
 
-  // Each row's ⟨D, act⟩ over this tile's columns: the thread's columns in order, then its lane
-  // quad (xor 1, 2: commutative adds, so the four lanes agree bitwise), then the WN warps of the
-  // row in order, through the (now free) ring.
+  // Each row's ⟨D, act⟩ over each 64-column group: the thread's columns in order, then its lane
+  // quad (xor 1, 2: commutative adds, so the four lanes agree bitwise), then the group's warps in
+  // order, through the (now free) ring.
   float* red = reinterpret_cast<float*>(smem);  // [WN][BM]
 #pragma unroll
   for (int i = 0; i < Cfg::MI; ++i)
@@ -165,35 +175,37 @@ __global__ void __launch_bounds__(kThreads) d_gemm_kernel(const RaggedParams p) 
       if ((mma.lane & 3) == 0) red[mma.wn * BM + mma.row(i, h)] = dot;
     }
   __syncthreads();
-  if (tid < BM) {
-    const int64_t id = L.sorted_ids[row0 + tid];
-    if (id < L.num_assign) {
+  for (int j = tid; j < kGroups * BM; j += NT) {
+    const int g = j / BM, r = j % BM;
+    const int64_t id = L.sorted_ids[row0 + r], group = n0 / kRaggedTileN + g;
+    if (id < L.num_assign && group * kRaggedTileN < F) {
       float dot = 0.0f;
 #pragma unroll
-      for (int wn = 0; wn < Cfg::WN; ++wn) dot += red[wn * BM + tid];
-      p.dw_partials[int64_t(blockIdx.y) * L.num_assign + id] = dot;
+      for (int wn = 0; wn < kGroupWarps; ++wn) dot += red[(g * kGroupWarps + wn) * BM + r];
+      p.dw_partials[group * L.num_assign + id] = dot;
     }
   }
 }
 
 template <int BM>
-__global__ void __launch_bounds__(kThreads) dx_gemm_kernel(const RaggedParams p) {
+__global__ void __launch_bounds__(RaggedTile<BM, Major::MN>::kThreads) dx_gemm_kernel(const RaggedParams p) {
   using Cfg = RaggedTile<BM, Major::MN>;
+  constexpr int NT = Cfg::kThreads;
   dev::pdl_enter();
   int64_t row0;
   int expert;
   if (!ragged_rows<BM>(p.layout, row0, expert)) return;
-  __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
+  bf16* smem = reinterpret_cast<bf16*>(backward_smem);
   const int tid = int(threadIdx.x);
   const Layout& L = p.layout;
-  const int64_t n0 = int64_t(blockIdx.y) * kRaggedTileN, H = p.n_dim;
+  const int64_t n0 = int64_t(blockIdx.y) * Cfg::BN, H = p.n_dim;
   const int split = int(blockIdx.z);
   // K-slice `split`: K-tiles [kt0, kt0 + count); a trailing slice may have none (its partials are 0).
   const int64_t k_tiles = ceil_div(p.k_dim, kTileK), kt0 = split * p.k_tiles_per_split;
   const int64_t count = kt0 < k_tiles ? (k_tiles - kt0 < p.k_tiles_per_split ? k_tiles - kt0 : p.k_tiles_per_split) : 0;
   const bf16* w13 = p.b + expert * p.b_expert_stride;  // [2F, H]: row k = j holds the N = H values
-  const KRows<BM> a([&](int r) { return sorted_row(L, row0 + r, p.a, p.a_stride); }, p.a, p.k_dim, p.k_dim, tid);
-  const MNRows<DenseRows> b(DenseRows{w13, H, p.k_dim}, p.b, n0, H, tid);
+  const KRows<BM, NT> a([&](int r) { return sorted_row(L, row0 + r, p.a, p.a_stride); }, p.a, p.k_dim, p.k_dim, tid);
+  const MNRows<DenseRows, Cfg::BN, NT> b(DenseRows{w13, H, p.k_dim}, p.b, n0, H, tid);
   Mma<Cfg> mma(tid);
   const RowIds<Cfg> ids(L, row0, mma);
   k_loop(mma, smem, a, b, kt0, count);

@@ -6,9 +6,16 @@
 //              ldmatrix reads it as the fragments are laid out.
 //   MN-major — a row holds 64 M (or N) values of one K index: w2 [H, F] read with K = H, w13 read
 //              with K = 2F, and both operands of the weight gradients (K = the sorted rows).
-//              ldmatrix.trans reads it transposed into the same fragments.
+//              ldmatrix.trans reads it transposed into the same fragments. A tile wider than 64
+//              is a run of 64-column panels, each 64 K rows (mn_swz).
 // The 16-byte chunks of a row are XOR-swizzled with the row's low 3 bits, so the 8 rows one
 // ldmatrix phase reads (consecutive, from a multiple of 8) fall in 8 different bank groups.
+//
+// Two sizes: the 4-warp tiles of 16 or 64 rows by 64 (static shared memory, 3 stages: the decode
+// layouts, block_m 64, the router's gate GEMMs), and the 8-warp prefill tile, 128 x 256 outputs
+// on 64 x 64 warp tiles over 4 stages of 48 KiB (dynamic shared memory): a k16 step issues 8
+// ldmatrix for 32 mma (the 32 x 32 warp tile: 4 for 8) and a K-tile moves 48 KiB for 4.2 MFLOP
+// (the 64 x 64 tile: 16 KiB for 0.5).
 //
 // Fragments (PTX ISA, m16n8k16): thread `lane` holds A at rows lane/4 (+8), columns 2·(lane%4)
 // (+1, +8); B at K rows 2·(lane%4) (+1, +8), column lane/4; C at row lane/4 (+8), columns
@@ -25,31 +32,38 @@
 namespace moekit::kernels::backward {
 
 inline constexpr int kTileK = 64;     // K values a ring slot holds of each operand
-inline constexpr int kStages = 3;     // ring depth: two K-tiles in flight while one is multiplied
-inline constexpr int kThreads = 128;  // 4 warps a CTA
+inline constexpr int kStages = 3;     // the 4-warp tiles' ring: two K-tiles in flight while one is multiplied
+inline constexpr int kThreads = 128;  // the 4-warp tiles' CTA
 inline constexpr int kChunks = 8;     // 16-byte chunks of a 64-element row
 
 enum class Major { K, MN };
 
 // Element offset of chunk c of row r in a tile of 64-element rows.
 __device__ __forceinline__ int swz(int r, int c) { return r * 64 + ((c ^ (r & 7)) << 3); }
+// Element offset of chunk c (of W / 8) of K row k in an MN-major tile W wide: panel c / 8.
+__device__ __forceinline__ int mn_swz(int k, int c) { return (c >> 3) * (kTileK * 64) + swz(k, c & 7); }
 
-// BM x BN outputs on WM x WN warps; A and B stored K- or MN-major.
-template <int BM_, int BN_, int WM_, int WN_, Major A_, Major B_>
+// BM x BN outputs on WM x WN warps; A and B stored K- or MN-major; a ring of Stages K-tiles.
+template <int BM_, int BN_, int WM_, int WN_, Major A_, Major B_, int Stages_ = kStages>
 struct Tile {
   static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_;
   static constexpr Major A = A_, B = B_;
+  static constexpr int kThreads = WM * WN * 32, kStages = Stages_;
   static constexpr int TM = BM / WM, TN = BN / WN;  // one warp's rows and columns
   static constexpr int MI = TM / 16, NI = TN / 8;   // its m16 and n8 fragments
   static constexpr int kAElems = BM * kTileK, kBElems = BN * kTileK;
   static constexpr int kStageElems = kAElems + kBElems;
   static constexpr int kSmemElems = kStages * kStageElems;
-  static_assert(WM * WN * 32 == kThreads, "a CTA is 4 warps");
+  static constexpr size_t kSmemBytes = size_t(kSmemElems) * 2;
   static_assert(TM % 16 == 0 && TN % 16 == 0, "a warp holds whole m16 tiles and pairs of n8 fragments");
-  static_assert(A == Major::K || BM == 64, "an MN-major tile is 64 wide: 8 chunks a row for the swizzle");
-  static_assert(B == Major::K || BN == 64, "an MN-major tile is 64 wide: 8 chunks a row for the swizzle");
-  static_assert(kSmemElems * 2 <= 48 * 1024, "the ring is static shared memory: at most 48 KiB");
+  static_assert(A == Major::K || BM % 64 == 0, "an MN-major tile is whole 64-column panels");
+  static_assert(B == Major::K || BN % 64 == 0, "an MN-major tile is whole 64-column panels");
+  static_assert(kSmemBytes <= 227 * 1024, "the ring fits in a CTA's shared memory");
 };
+
+// The ring of the ragged and weight-gradient GEMMs: dynamic shared memory, Cfg::kSmemBytes (the
+// 128-row tile's 192 KiB needs the launcher's opt-in).
+extern __shared__ __align__(128) uint4 backward_smem[];
 
 // One warp's accumulators and the K-steps that feed them.
 template <class Cfg>
@@ -82,7 +96,7 @@ struct Mma {
         if constexpr (Cfg::A == Major::K) {  // matrices: (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15)
           dev::ldmatrix_x4(af[i], dev::smem_addr(sa + swz(m0 + (lane & 15), kk * 2 + (lane >> 4))));
         } else {  // the same four, each stored as 8 K rows of 8 M values
-          dev::ldmatrix_x4_trans(af[i], dev::smem_addr(sa + swz(kk * 16 + (q >> 1) * 8 + (lane & 7), m0 / 8 + (q & 1))));
+          dev::ldmatrix_x4_trans(af[i], dev::smem_addr(sa + mn_swz(kk * 16 + (q >> 1) * 8 + (lane & 7), m0 / 8 + (q & 1))));
         }
       }
       uint32_t bf[NI][2];
@@ -93,7 +107,7 @@ struct Mma {
         if constexpr (Cfg::B == Major::K) {
           dev::ldmatrix_x4(t, dev::smem_addr(sb + swz(n0 + (q >> 1) * 8 + (lane & 7), kk * 2 + (q & 1))));
         } else {
-          dev::ldmatrix_x4_trans(t, dev::smem_addr(sb + swz(kk * 16 + (q & 1) * 8 + (lane & 7), n0 / 8 + (q >> 1))));
+          dev::ldmatrix_x4_trans(t, dev::smem_addr(sb + mn_swz(kk * 16 + (q & 1) * 8 + (lane & 7), n0 / 8 + (q >> 1))));
         }
         bf[f][0] = t[0], bf[f][1] = t[1], bf[f + 1][0] = t[2], bf[f + 1][1] = t[3];
       }
@@ -113,7 +127,7 @@ struct Mma {
 template <class Cfg, class ALoader, class BLoader>
 __device__ __forceinline__ void k_loop(Mma<Cfg>& mma, bf16* smem, ALoader& a, BLoader& b, int64_t kt0, int64_t count) {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
     if (s < count) {
       a.load(smem + s * Cfg::kStageElems, kt0 + s);
       b.load(smem + s * Cfg::kStageElems + Cfg::kAElems, kt0 + s);
@@ -122,16 +136,16 @@ __device__ __forceinline__ void k_loop(Mma<Cfg>& mma, bf16* smem, ALoader& a, BL
   }
 #pragma unroll 1
   for (int64_t i = 0; i < count; ++i) {
-    dev::cp_async_wait<kStages - 2>();
+    dev::cp_async_wait<Cfg::kStages - 2>();
     __syncthreads();  // K-tile i landed for every thread; every thread is done with the slot of i - 1
-    const int64_t next = i + kStages - 1;
+    const int64_t next = i + Cfg::kStages - 1;
     if (next < count) {
-      bf16* slot = smem + int(next % kStages) * Cfg::kStageElems;
+      bf16* slot = smem + int(next % Cfg::kStages) * Cfg::kStageElems;
       a.load(slot, kt0 + next);
       b.load(slot + Cfg::kAElems, kt0 + next);
     }
     dev::cp_async_commit();
-    const bf16* slot = smem + int(i % kStages) * Cfg::kStageElems;
+    const bf16* slot = smem + int(i % Cfg::kStages) * Cfg::kStageElems;
     mma.k_tile(slot, slot + Cfg::kAElems);
   }
   dev::cp_async_wait<0>();

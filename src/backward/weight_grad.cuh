@@ -1,6 +1,7 @@
 // weight_grad.cuh — the weight gradients: k-grouped GEMMs whose K is an expert's sorted rows.
 //   expert_row_start_kernel — each expert's first sorted row (the padded counts' prefix sum);
-//   weight_grad_kernel      — one 64 x 64 tile of dW_e per CTA: dW2_e = Σ_r dy_tᵀ·act_w[r] and
+//   weight_grad_kernel      — one tile of dW_e per CTA (64 x 64 on 4 warps for the decode layouts
+//                             and block_m 64, 128 x 256 on 8 for block_m 128): dW2_e = Σ_r dy_tᵀ·act_w[r] and
 //                             dW13_e = Σ_r dh[r]ᵀ·x_t over e's rows r in ascending order (both
 //                             operands MN-major: a sorted row holds a K index's M or N values);
 //                             with S > 1 slices of the rows, FP32 partials;
@@ -12,6 +13,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backward/loaders.cuh"
 #include "backward/params.hpp"
@@ -20,8 +22,10 @@
 
 namespace moekit::kernels::backward {
 
-inline constexpr int kWeightTile = 64;  // dW tiles are 64 x 64, K steps of 64 sorted rows
-using WeightTile = Tile<kWeightTile, kWeightTile, 2, 2, Major::MN, Major::MN>;
+// dW tiles, K steps of 64 sorted rows: by the ragged tile's rows (BackwardPlan::ragged_tile_rows).
+template <int RaggedRows>
+using WeightTile = std::conditional_t<RaggedRows == 128, Tile<128, 256, 2, 4, Major::MN, Major::MN, 4>,
+                                      Tile<64, 64, 2, 2, Major::MN, Major::MN>>;
 
 // One warp per launch: expert_row_start[e] = Σ_{e' < e} ceil(counts[e'] / block_m)·block_m, and
 // [E] = their sum, as align laid the experts out in id order.
@@ -39,7 +43,7 @@ __global__ void __launch_bounds__(32) expert_row_start_kernel(const RowStartPara
   if (lane == 0) p.expert_row_start[p.experts] = carry;
 }
 
-// Store a finished tile of a weight-shaped output: rows [m0, + 64) of expert e, split `split`.
+// Store a finished tile of a weight-shaped output: rows [m0, + BM) of expert e, split `split`.
 template <class Cfg>
 __device__ __forceinline__ void store_weight_tile(const WeightOut& o, const Mma<Cfg>& mma, int64_t e, int split,
                                                   int64_t m0, int64_t n0) {
@@ -72,25 +76,27 @@ __device__ __forceinline__ void store_weight_tile(const WeightOut& o, const Mma<
     }
 }
 
-// grid: (m tiles x n tiles, E, S). M = out.rows, N = out.cols.
-__global__ void __launch_bounds__(kThreads) weight_grad_kernel(const WeightGradParams p) {
-  using Cfg = WeightTile;
+// grid: (m tiles x n tiles, E, S). M = out.rows, N = out.cols; WeightTile<RaggedRows>.
+template <int RaggedRows>
+__global__ void __launch_bounds__(WeightTile<RaggedRows>::kThreads) weight_grad_kernel(const WeightGradParams p) {
+  using Cfg = WeightTile<RaggedRows>;
+  constexpr int NT = Cfg::kThreads;
   dev::pdl_enter();
-  __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
+  bf16* smem = reinterpret_cast<bf16*>(backward_smem);
   const int tid = int(threadIdx.x);
   const Layout& L = p.layout;
-  const int64_t e = blockIdx.y, n_tiles = (p.out.cols + kWeightTile - 1) / kWeightTile;
-  const int64_t m0 = int64_t(blockIdx.x) / n_tiles * kWeightTile, n0 = int64_t(blockIdx.x) % n_tiles * kWeightTile;
+  const int64_t e = blockIdx.y, n_tiles = (p.out.cols + Cfg::BN - 1) / Cfg::BN;
+  const int64_t m0 = int64_t(blockIdx.x) / n_tiles * Cfg::BM, n0 = int64_t(blockIdx.x) % n_tiles * Cfg::BN;
   const int split = int(blockIdx.z);
   const int64_t first = p.expert_row_start[e], end = first + p.expert_counts[e];  // the assignments, not the padding
   // This slice's K-tiles of the expert's rows (a trailing slice may have none).
   const int64_t k_tiles = (end - first + kTileK - 1) / kTileK, per_split = (k_tiles + p.splits - 1) / p.splits;
   const int64_t kt0 = split * per_split;
   const int64_t count = kt0 < k_tiles ? (k_tiles - kt0 < per_split ? k_tiles - kt0 : per_split) : 0;
-  const MNRows<SortedRows> a(SortedRows{p.a, L.sorted_ids, first, end, L.num_assign, L.topk}, p.a.base, m0,
-                             p.out.rows, tid);
-  const MNRows<SortedRows> b(SortedRows{p.b, L.sorted_ids, first, end, L.num_assign, L.topk}, p.b.base, n0,
-                             p.out.cols, tid);
+  const MNRows<SortedRows, Cfg::BM, NT> a(SortedRows{p.a, L.sorted_ids, first, end, L.num_assign, L.topk}, p.a.base,
+                                          m0, p.out.rows, tid);
+  const MNRows<SortedRows, Cfg::BN, NT> b(SortedRows{p.b, L.sorted_ids, first, end, L.num_assign, L.topk}, p.b.base,
+                                          n0, p.out.cols, tid);
   Mma<Cfg> mma(tid);
   k_loop(mma, smem, a, b, kt0, count);
   store_weight_tile(p.out, mma, e, split, m0, n0);

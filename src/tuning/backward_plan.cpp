@@ -34,6 +34,13 @@ int plan_weight_grad_splits(const MoeShape& s, const DeviceInfo& device) {
                      kMaxWeightGradSplits);
 }
 
+int plan_backward_tile_rows(const MoeShape& s, int block_m) {
+  if (block_m < 64) return 16;
+  const int64_t assignments = s.tokens * s.topk;
+  const int64_t touched = std::max<int64_t>(1, std::min(s.experts, assignments));
+  return block_m >= 128 && assignments / touched >= kWideTileRowsPerExpert ? 128 : 64;
+}
+
 int plan_gate_grad_splits(const MoeShape& s, const DeviceInfo& device) {
   const int64_t tiles = ceil_div(s.experts, kWeightGradTileM) * ceil_div(s.hidden, kWeightGradTileN);
   return plan_splits(tiles, ceil_div(s.tokens, kWeightGradTileK), device.sm_count, kMaxGateGradSplits);
@@ -92,6 +99,9 @@ void expect_backward_plan(const BackwardPlan& p, const char* entry) {
   if (p.dx_splits > 1 && p.dx.kernel != GemmKernel::mma_sync)
     fail(entry, "plan", "dx_splits > 1 needs an mma_sync dx config (the wgmma GEMMs write whole rows): make plans with plan_backward");
   expect_splits(entry, "dw_splits", p.dw_splits, kMaxWeightGradSplits);
+  if ((p.tile_rows != 16 && p.tile_rows != 64 && p.tile_rows != 128) || p.block_m % p.tile_rows != 0)
+    fail(entry, "plan", "tile_rows " + std::to_string(p.tile_rows) + " must be 16, 64 or 128 and divide block_m " +
+                            std::to_string(p.block_m) + ": make plans with plan_backward");
   expect_splits(entry, "gate_splits", p.gate_splits, kMaxGateGradSplits);
 }
 
@@ -116,7 +126,7 @@ std::string BackwardPlan::str() const {
          std::to_string(shape.topk) + " block_m=" + std::to_string(block_m) + " saved=" +
          saved_activations_name(o.saved) + " router=" + router_grad_name(o.router) +
          " grads=" + (grads.empty() ? "none" : grads) + " tiles=mma_sync-m" + std::to_string(ragged_tile_rows()) +
-         "n" + std::to_string(kDGemmTileN) + " from:" +
+         "n" + std::to_string(ragged_tile_cols()) + " from:" +
          (o.saved == SavedActivations::recompute ? " up=" + up.str() : "") + " d=" + d.str() +
          (o.input_grad ? " dx=" + dx.str() : "") + (dx_splits > 1 ? " dx_splits=" + std::to_string(dx_splits) : "") +
          (dw_splits > 1 ? " dw_splits=" + std::to_string(dw_splits) : "") +
@@ -145,6 +155,7 @@ BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device,
   p.dx_splits = options.input_grad ? tuning::plan_down_splits(dx_shape, forward.down, device) : 1;
   p.dw_splits = options.weight_grads ? tuning::plan_weight_grad_splits(forward.shape, device) : 1;
   p.gate_splits = options.router == RouterGrad::gate ? tuning::plan_gate_grad_splits(forward.shape, device) : 1;
+  p.tile_rows = tuning::plan_backward_tile_rows(forward.shape, p.block_m);
   p.source = "forward:" + forward.source;
   return p;
 }

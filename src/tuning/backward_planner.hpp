@@ -21,6 +21,14 @@ int plan_splits(int64_t tiles, int64_t k_steps, int sm_count, int max_splits);
 int plan_weight_grad_splits(const MoeShape& shape, const DeviceInfo& device);
 // d_w_gate [E, H] = d_logitsᵀ·x: its 128 x 128 tiles reducing over T in 64-token steps.
 int plan_gate_grad_splits(const MoeShape& shape, const DeviceInfo& device);
+// The rows of the backward's mma.sync tiles (BackwardPlan::tile_rows) over a layout of block_m:
+// 16 below block_m 64, else 64, and the 8-warp 128 x 256 tile for block_m 128 when the touched
+// experts average at least kWideTileRowsPerExpert rows. Measured on the H200 (moekit bench
+// --backward, docs/perf/NOTES.md "Backward"): the wide tile is faster at 1,024 and 4,096 rows an
+// expert (Mixtral T = 4096, 16384: +10%, +28%; Qwen3 T = 16384: +6%), slower at 64 and 256
+// (Qwen3 T = 1024, 4096; Mixtral T = 1024: -14 to -17%).
+inline constexpr int64_t kWideTileRowsPerExpert = 1024;
+int plan_backward_tile_rows(const MoeShape& shape, int block_m);
 
 }  // namespace moekit::tuning
 

@@ -96,10 +96,11 @@ TEST(PlanBackward, PrintsItsChoices) {
   const BackwardPlan b = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, o);
   const std::string s = b.str();
   for (const std::string want : {"backward T=16384", "block_m=128", "saved=recompute", "router=gate",
-                                 "grads=dx,dw(f32,accumulate)", "tiles=mma_sync-m64n64 from:", " up=", " d=", " dx=",
+                                 "grads=dx,dw(f32,accumulate)", "tiles=mma_sync-m128n256 from:", " up=", " d=", " dx=",
                                  "dw_splits=8", "gate_splits=", "source=forward:"})
     EXPECT_NE(s.find(want), std::string::npos) << want << " in " << s;
-  // The tile that runs follows the layout: 16 rows at decode's block_m (16, 32), 64 at prefill's.
+  // The tile that runs follows the layout: 16 rows at decode's block_m (16, 32), 128 x 256 at block_m 128
+  // with 8192 rows an expert.
   EXPECT_NE(plan_backward(plan_forward(MoeShape{4, 256, 128, 4, 2}, kH200), kH200, o).str().find("tiles=mma_sync-m16n64"),
             std::string::npos);
   o.saved = SavedActivations::h;
@@ -291,6 +292,30 @@ TEST(BackwardWorkspace, RefusesBadBuffersAndBadPlans) {
   BackwardPlan b = p;
   b.options.weight_grad_dtype = DType::i32;
   EXPECT_TRUE(throws_naming([&] { backward_workspace_bytes(b); }, "options.weight_grad_dtype"));
+}
+
+TEST(PlanBackward, TileRowsFollowTheLayoutAndTheRowsAnExpertGets) {
+  using tuning::kWideTileRowsPerExpert;
+  using tuning::plan_backward_tile_rows;
+  // Below block_m 64: the 16-row tile; block_m 64: the 64-row one, whatever the rows.
+  EXPECT_EQ(plan_backward_tile_rows(MoeShape{1 << 20, 256, 128, 4, 2}, 16), 16);
+  EXPECT_EQ(plan_backward_tile_rows(MoeShape{1 << 20, 256, 128, 4, 2}, 32), 16);
+  EXPECT_EQ(plan_backward_tile_rows(MoeShape{1 << 20, 256, 128, 4, 2}, 64), 64);
+  // block_m 128: the wide tile from kWideTileRowsPerExpert rows an expert on (T·k / E), not below.
+  const int64_t E = 8, k = 2, T = kWideTileRowsPerExpert * E / k;
+  EXPECT_EQ(plan_backward_tile_rows(MoeShape{T, 4096, 14336, E, k}, 128), 128);
+  EXPECT_EQ(plan_backward_tile_rows(MoeShape{T - 1, 4096, 14336, E, k}, 128), 64);
+  // Qwen3-30B-A3B at T = 4096 (256 rows an expert) and 16384 (1024); fewer assignments than
+  // experts count the touched ones only (one row each).
+  EXPECT_EQ(plan_backward_tile_rows(MoeShape{4096, 2048, 768, 128, 8}, 128), 64);
+  EXPECT_EQ(plan_backward_tile_rows(MoeShape{16384, 2048, 768, 128, 8}, 128), 128);
+  EXPECT_EQ(plan_backward_tile_rows(MoeShape{3, 2048, 768, 128, 8}, 128), 64);
+  EXPECT_EQ(plan_backward_tile_rows(MoeShape{0, 2048, 768, 128, 8}, 128), 64);
+  // A plan's tile must divide its layout's blocks.
+  BackwardPlan b = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, every_grad());
+  EXPECT_EQ(b.tile_rows, 128);
+  b.tile_rows = 32;
+  EXPECT_THROW(detail::expect_backward_plan(b, "moe_backward"), Error);
 }
 
 }  // namespace

@@ -39,6 +39,10 @@ std::string name_of(const MoeShape& s, int block_m, const BackwardOptions& o, ui
 
 class BackwardTest : public GpuTest {
  protected:
+  // check()'s backward tile (BackwardPlan::tile_rows) wherever the layout's block_m allows it, 0:
+  // the planner's (which takes the 128-row tile only from 1024 rows an expert).
+  int tile_rows_ = 0;
+  void adversarial_routings();
   // One backward of a fresh case, checked; the run is returned for more checks.
   void check(const MoeShape& s, int block_m, const BackwardOptions& o, const RouterOptions& opt = {},
              std::vector<int32_t> ids = {}, DType w_gate_dtype = DType::bf16, bool aux = false, bool pass_d_topk = true) {
@@ -47,7 +51,10 @@ class BackwardTest : public GpuTest {
     std::mt19937_64 rng(seed);
     Case c = make_case(s, rng, o.router, opt, w_gate_dtype, std::move(ids));
     if (aux) c.aux = random_f32(size_t(s.tokens * s.experts), rng, 0.1f);
-    BackwardRun run(forward_plan(s, block_m), o, std::move(c), stream, rng, pass_d_topk);
+    const ForwardPlan f = forward_plan(s, block_m);
+    const int tile = tile_rows_ && f.block_m() % tile_rows_ == 0 ? tile_rows_ : 0;
+    SCOPED_TRACE("tile_rows " + std::to_string(tile));
+    BackwardRun run(f, o, std::move(c), stream, rng, pass_d_topk, tile);
     check_outputs(run, run.run(stream));
   }
 };
@@ -68,18 +75,32 @@ RouterOptions sigmoid_grouped() {  // DeepSeek-V3's kind: sigmoid, 4 groups keep
 }
 
 TEST_F(BackwardTest, MatchesTheOracle) {
+  // Each case with the planner's tile, then with the 128 x 256 one where block_m is 128.
+  for (int tile : {0, 128})
   for (SavedActivations saved : {SavedActivations::recompute, SavedActivations::h}) {
+    tile_rows_ = tile;
     // 16-row layouts (the planner's at 8 rows an expert) and the 64-row kernels over 64- and
     // 128-row layouts of the same layer.
     for (int block_m : {0, 64, 128}) check({33, 256, 128, 8, 2}, block_m, options(saved));
     // Partial tiles everywhere: H = 200 and F = 72 (not multiples of 64), E = 6.
-    for (int block_m : {16, 0}) check({45, 200, 72, 6, 2}, block_m, options(saved));
+    for (int block_m : {16, 0, 128}) check({45, 200, 72, 6, 2}, block_m, options(saved));
     // The planner's prefill layout (block_m 128, wgmma forward configs).
     check({300, 256, 128, 8, 2}, 0, options(saved));
+    // The 128 x 256 tile with every ring slot reused (K-tiles: 9 of H, 11 of 2F, ~6 of an
+    // expert's ~375 rows, through 4 stages), several column tiles and partial ones (H = 576,
+    // F = 328, 2F = 656) and a partial last ⟨D, act⟩ group (328 = 5·64 + 8).
+    check({1500, 576, 328, 8, 2}, 128, options(saved));
   }
 }
 
 TEST_F(BackwardTest, AdversarialRoutings) {
+  for (int tile : {0, 128}) {  // the planner's tile, then the 128 x 256 one where block_m is 128
+    tile_rows_ = tile;
+    adversarial_routings();
+  }
+}
+
+void BackwardTest::adversarial_routings() {
   std::mt19937_64 rng(fresh_seed());
   const MoeShape s{40, 256, 128, 8, 2};
   // Every token on experts 7 and 0, the other six empty (their dW exactly 0); a quarter of the
@@ -159,7 +180,10 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
     MoeShape s;
     RouterGrad router;
   };
-  for (const Shape& sh : {Shape{{4, 256, 1024, 8, 2}, RouterGrad::logits}, Shape{{1024, 256, 128, 4, 2}, RouterGrad::gate}}) {
+  // Split-K of dx (decode), of dW and d_w_gate with the 64-row tile (512 rows an expert) and with
+  // the 128 x 256 one (2048).
+  for (const Shape& sh : {Shape{{4, 256, 1024, 8, 2}, RouterGrad::logits}, Shape{{1024, 256, 128, 4, 2}, RouterGrad::gate},
+                          Shape{{4096, 256, 128, 4, 2}, RouterGrad::gate}}) {
     const uint64_t seed = fresh_seed();
     const BackwardOptions o = options(SavedActivations::recompute, sh.router);
     SCOPED_TRACE(name_of(sh.s, 0, o, seed));
@@ -170,6 +194,7 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
     } else {
       EXPECT_GT(run.plan.dw_splits, 1) << run.plan.str();
       EXPECT_GT(run.plan.gate_splits, 1) << run.plan.str();
+      EXPECT_EQ(run.plan.tile_rows, sh.s.tokens == 4096 ? 128 : 64) << run.plan.str();
     }
     const Outputs first = run.run(stream);
     check_outputs(run, first);

@@ -172,11 +172,13 @@ struct BackwardRun {
   }
 
   // pass_d_topk: give grads.d_topk_weights (required with RouterGrad::none; else the workspace's is used).
+  // tile_rows: the backward's tile (BackwardPlan::tile_rows) instead of the planner's, 0 keeps it.
   BackwardRun(const ForwardPlan& f, const BackwardOptions& o, Case c_, cudaStream_t stream, std::mt19937_64& rng,
-              bool pass_d_topk = true)
+              bool pass_d_topk = true, int tile_rows = 0)
       : c(std::move(c_)), fwd(f), plan(plan_backward(f, query_device(), o)), x(on_device(c.x)), w13(on_device(c.w13)),
         w2(on_device(c.w2)), dy(on_device(c.dy)), weights(on_device(c.weights)), logits(on_device(c.logits)),
         aux(on_device(c.aux)), ids(on_device(c.ids)) {
+    if (tile_rows) plan.tile_rows = tile_rows;
     const MoeShape& s = c.s;
     const int64_t T = s.tokens, H = s.hidden, F = s.inter, E = s.experts, k = s.topk;
     fwd_ws = DeviceBuffer<unsigned char>(workspace_bytes(fwd));
