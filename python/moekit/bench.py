@@ -1,7 +1,10 @@
 """python -m moekit.bench — moekit.fused_moe against a torch._grouped_mm pipeline, same run.
 
   python -m moekit.bench [--presets mixtral-8x7b,qwen3-30b-a3b,deepseek-v3] [--tokens 1,16,256,4096]
-                         [--iters 50] [--warmup 10] [--seed 0] [--no-graph] [--json FILE]
+                         [--iters 50] [--warmup 10] [--seed 0] [--no-graph] [--backward] [--json FILE]
+
+--backward times a training step (forward + backward, the gradients of x and the weights) against
+the same step through the torch pipeline's autograd instead: moekit/bench_train.py.
 
 The baseline is what a PyTorch user writes today: torch routing (logits, softmax/sigmoid, top-k),
 then sort the assignments by expert, gather the rows, grouped GEMM (gate+up), SwiGLU, grouped
@@ -16,9 +19,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
-from typing import Callable, Optional
+from typing import Optional
 
 from ._requires import missing, require
 
@@ -31,87 +33,16 @@ import torch  # noqa: E402
 
 from . import __version__
 from . import _moekit as _C
+from ._baseline import Timer, grouped_mm_experts, make_weights, row_cells, torch_route  # noqa: F401 (re-exported)
 from .presets import PRESETS, Preset
-from .reference import experts_reference, rel_norm_error, route_reference, routing_matches
+from .reference import experts_reference, rel_norm_error, routing_matches
 from .torch import fused_experts, fused_moe, route
+from .bench_train import GRAD_BOUND, TRAIN_HEADER, bench_train_preset
 
 # bf16 operands and intermediates against an FP32 reference: a few bf16 ulps (2^-8) of relative
 # norm error is expected; 1e-2 leaves room for the accumulation order and flags a wrong result.
 ERROR_BOUND = 1e-2
 CHECK_TOKENS = 128  # the reference loop is slow: check the first tokens (rows are independent)
-
-
-def make_weights(p: Preset, device, seed: int = 0) -> dict:
-    """Random bf16 weights of a preset, scaled so activations stay O(1) (as trained weights do)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    H, F, E = p.hidden, p.inter, p.experts
-    w = dict(
-        w_gate=torch.empty((E, H), dtype=torch.bfloat16, device=device).normal_(0, H ** -0.5, generator=g),
-        w13=torch.empty((E, 2 * F, H), dtype=torch.bfloat16, device=device).normal_(0, H ** -0.5, generator=g),
-        w2=torch.empty((E, H, F), dtype=torch.bfloat16, device=device).normal_(0, F ** -0.5, generator=g),
-        e_score_correction_bias=None,
-    )
-    if p.score_bias:
-        w["e_score_correction_bias"] = torch.empty(E, dtype=torch.float32, device=device).normal_(0, 0.02, generator=g)
-    return w
-
-
-def torch_route(x, w_gate, bias, p: Preset):
-    """Torch routing as models write it: bf16 logits GEMM, then FP32 scoring and top-k."""
-    logits = torch.nn.functional.linear(x, w_gate).float()
-    return route_reference(logits, p.top_k, e_score_correction_bias=bias, **p.routing)
-
-
-def grouped_mm_experts(x, w13, w2, topk_weights, topk_ids):
-    """The experts in torch: sort, gather, grouped GEMM, SwiGLU, grouped GEMM, weighted sum."""
-    T, H = x.shape
-    E, F2, _ = w13.shape
-    F, k = F2 // 2, topk_ids.shape[1]
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # assignments a = t·k + j in expert order
-    counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(0, flat.long(), torch.ones_like(flat))
-    offs = torch.cumsum(counts, 0, dtype=torch.int32)  # group ends on the device: no host sync
-    xs = x.index_select(0, order // k)
-    h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)  # [T·k, 2F]
-    act = torch.nn.functional.silu(h[:, :F]) * h[:, F:]
-    out = torch._grouped_mm(act, w2.transpose(1, 2), offs=offs)  # [T·k, H]
-    out = out.float() * topk_weights.reshape(-1)[order].unsqueeze(1)
-    rows = torch.empty_like(out).index_copy_(0, order, out)  # back to assignment order
-    return rows.view(T, k, H).sum(dim=1).to(x.dtype)
-
-
-class Timer:
-    """Median CUDA-event time of single calls, the L2 flushed before each call."""
-
-    def __init__(self, device, warmup: int, iters: int):
-        self.warmup, self.iters = warmup, iters
-        l2 = _C.query_device(device.index).l2_bytes
-        self.flush = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device=device)
-
-    def __call__(self, fn: Callable[[], object], graph: bool) -> float:
-        run = fn
-        if graph:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up outside the capture (allocator, lazy init)
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            run = g.replay
-        for _ in range(self.warmup):
-            run()
-        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                 for _ in range(self.iters)]
-        for start, end in pairs:
-            self.flush.zero_()
-            start.record()
-            run()
-            end.record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
 def check(p: Preset, w: dict, x, errors: list) -> Optional[str]:
@@ -162,13 +93,7 @@ def bench_preset(p: Preset, tokens: list, timer: Timer, graph: bool, seed: int, 
             "moekit_experts": lambda: fused_experts(x, w["w13"], w["w2"], topk_w, topk_ids),
             "torch_experts": lambda: grouped_mm_experts(x, w["w13"], w["w2"], topk_w, topk_ids),
         }
-        for name, fn in variants.items():
-            for mode in (("graph", "eager") if graph else ("eager",)):
-                try:
-                    row[f"{name}_{mode}_ms"] = timer(fn, mode == "graph")
-                except Exception as e:  # a baseline that cannot run here is reported, not fatal
-                    row[f"{name}_{mode}_ms"] = None
-                    row.setdefault("notes", []).append(f"{name} {mode}: {type(e).__name__}: {e}"[:300])
+        timer.each(variants, graph, row)
         touched = int(torch.unique(topk_ids).numel())
         counts = torch.bincount(topk_ids.reshape(-1).long(), minlength=p.experts).float()
         best = row.get("moekit_graph_ms") or row.get("moekit_eager_ms")
@@ -182,26 +107,14 @@ def bench_preset(p: Preset, tokens: list, timer: Timer, graph: bool, seed: int, 
     return rows
 
 
-def _ms(v) -> str:
-    return "     -" if v is None else f"{v:6.3f}" if v < 100 else f"{v:6.1f}"
-
-
-def _x(a, b) -> str:
-    return "    -" if not a or not b else f"{b / a:5.2f}"
-
-
 HEADER = (f"{'preset':<14} {'T':>5} {'bm':>3} | {'moekit':>6} {'torch':>6} {'x':>5} | {'moekit':>6} {'torch':>6} "
           f"{'x':>5} | {'TB/s':>5} {'TFLOP/s':>7} | {'err':>7}")
 
 
 def print_row(r: dict, graph: bool):
-    mode = "graph" if graph else "eager"
-    mk, tc = r.get(f"moekit_{mode}_ms"), r.get(f"torch_{mode}_ms")
-    mke, tce = r.get(f"moekit_experts_{mode}_ms"), r.get(f"torch_experts_{mode}_ms")
     tb = r.get("moekit_TBps")
-    print(f"{r['preset']:<14} {r['tokens']:>5} {r['block_m']:>3} | {_ms(mk)} {_ms(tc)} {_x(mk, tc)} | {_ms(mke)} "
-          f"{_ms(tce)} {_x(mke, tce)} | {tb or 0:5.2f} {r.get('moekit_TFLOPps') or 0:7.1f} | "
-          f"{r['err_moekit'] or 0:7.1e}", flush=True)
+    print(f"{row_cells(r, graph)} | {tb or 0:5.2f} {r.get('moekit_TFLOPps') or 0:7.1f} | {r['err_moekit'] or 0:7.1e}",
+          flush=True)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -212,6 +125,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-graph", action="store_true", help="time eager calls only")
+    ap.add_argument("--backward", action="store_true",
+                    help="time a training step (forward + backward) against torch._grouped_mm autograd instead")
     ap.add_argument("--json", metavar="FILE", help="write the results as JSON")
     args = ap.parse_args(argv)
     try:
@@ -228,14 +143,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     info = _C.query_device(device.index)
     graph = not args.no_graph
-    print(f"moekit {__version__} vs torch {torch.__version__} on {info.name} ({info.sm_count} SMs); times in ms, "
-          f"median of {args.iters}, {'CUDA-graph replay' if graph else 'eager'}, L2 flushed; "
+    bench_fn, header, what, bound = bench_preset, HEADER, "", ERROR_BOUND
+    if args.backward:
+        bench_fn, header, what, bound = bench_train_preset, TRAIN_HEADER, "training steps (forward + backward), ", GRAD_BOUND
+    print(f"moekit {__version__} vs torch {torch.__version__} on {info.name} ({info.sm_count} SMs); {what}times in "
+          f"ms, median of {args.iters}, {'CUDA-graph replay' if graph else 'eager'}, L2 flushed; "
           f"left: whole layer (routing included), right: experts given the routing; x = torch / moekit")
-    print(HEADER)
+    print(header)
     timer = Timer(device, args.warmup, args.iters)
     rows = []
     for n in names:
-        rows += bench_preset(PRESETS[n], tokens, timer, graph, args.seed, device)
+        rows += bench_fn(PRESETS[n], tokens, timer, graph, args.seed, device)
         torch.cuda.empty_cache()  # the preset's weights are gone: give their memory back
     failed = [r for r in rows if "failed" in r]
     if args.json:
@@ -243,7 +161,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    gpu=info.name, sm_count=info.sm_count, torch=torch.__version__, cuda=torch.version.cuda,
                    moekit=__version__, iters=args.iters, warmup=args.warmup, graph=graph, l2_flush=True,
-                   error_bound=ERROR_BOUND, results=rows)
+                   mode="train-step" if args.backward else "forward", error_bound=bound, results=rows)
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {args.json}")

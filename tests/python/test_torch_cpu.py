@@ -260,6 +260,23 @@ def test_gpu_entry_points_raise_a_clear_error_without_gpu():
         mt.Workspace(T, H, F, E, K)
 
 
+@pytest.mark.skipif(moekit.device_count() > 0, reason="checks the behaviour without a GPU")
+@pytest.mark.parametrize("args", [[], ["--backward"]])
+def test_bench_without_gpu_says_so_and_exits_2(args, capsys):
+    from moekit import bench
+    assert bench.main(args + ["--tokens", "4"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_bench_rejects_bad_arguments_before_the_gpu(capsys):
+    from moekit import bench
+    for bad in (["--backward", "--tokens", "x"], ["--backward", "--presets", "nope"]):
+        with pytest.raises(SystemExit) as e:
+            bench.main(bad)
+        assert e.value.code == 2
+    assert "--presets: unknown preset 'nope'" in capsys.readouterr().err
+
+
 def test_fake_implementations_on_meta():
     t = layer(device="meta")
     y = torch.ops.moekit.fused_moe(t["x"], t["w13"], t["w2"], None, t["w_gate"], None, K, True, "softmax", 0, 0, 1.0)
