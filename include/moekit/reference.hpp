@@ -134,9 +134,11 @@ struct MoeGrads {
 // d_topk_weights are the rows of those tokens (tokens are independent, so a check of a large T
 // samples them), dW sums over their assignments only — the whole dW when every token is listed,
 // and the dW a GPU backward computes when dy is zero outside the list (a cheap check of dW at a
-// large T). dW sums each expert's assignments in list order, j inner.
+// large T). dW sums each expert's assignments in list order, j inner. weight_grads = false leaves
+// dw13 and dw2 empty (dx and d_topk_weights alone: no E·3·H·F doubles to hold and fill).
 MoeGrads moe_backward(const MoeShape& shape, const bf16* x, const bf16* w13, const bf16* w2, const int32_t* topk_ids,
-                      const float* topk_weights, const bf16* dy, const std::vector<int64_t>& tokens);
+                      const float* topk_weights, const bf16* dy, const std::vector<int64_t>& tokens,
+                      bool weight_grads = true);
 // Every token, 0..T-1.
 MoeGrads moe_backward(const MoeShape& shape, const bf16* x, const bf16* w13, const bf16* w2, const int32_t* topk_ids,
                       const float* topk_weights, const bf16* dy);

@@ -26,13 +26,16 @@ double weight_value(const void* w, DType dtype, int64_t i) {
 }  // namespace
 
 MoeGrads moe_backward(const MoeShape& s, const bf16* x, const bf16* w13, const bf16* w2, const int32_t* topk_ids,
-                      const float* topk_weights, const bf16* dy, const std::vector<int64_t>& tokens) {
+                      const float* topk_weights, const bf16* dy, const std::vector<int64_t>& tokens,
+                      bool weight_grads) {
   const int64_t n = int64_t(tokens.size()), H = s.hidden, F = s.inter, E = s.experts, k = s.topk;
   MoeGrads out;
   out.dx.assign(size_t(n * H), 0.0);
   out.d_topk_weights.assign(size_t(n * k), 0.0);
-  out.dw13.assign(size_t(E * 2 * F * H), 0.0);
-  out.dw2.assign(size_t(E * H * F), 0.0);
+  if (weight_grads) {
+    out.dw13.assign(size_t(E * 2 * F * H), 0.0);
+    out.dw2.assign(size_t(E * H * F), 0.0);
+  }
   std::vector<AssignmentGrad> kept(size_t(n * k));  // [n, k]
 
   // Per token: D, dw, dh of each slot, and dx summed over j in slot order.
@@ -80,6 +83,7 @@ MoeGrads moe_backward(const MoeShape& s, const bf16* x, const bf16* w13, const b
     }
   });
 
+  if (!weight_grads) return out;
   // Per expert: its assignments in list order, j inner; an expert with none keeps its zeros.
   parallel_for(E, [&](int64_t e) {
     double* dw13 = out.dw13.data() + e * 2 * F * H;  // [2F, H]

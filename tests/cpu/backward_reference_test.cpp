@@ -78,6 +78,19 @@ TEST_F(RefMoeBackward, EmptyExpertsGetExactZeros) {
   }
 }
 
+TEST_F(RefMoeBackward, WithoutWeightGradsDxAndTopkWeightsAreBitwiseTheSame) {
+  const MoeShape s{6, 16, 8, 4, 2};
+  Layer l = random_layer(s);
+  const std::vector<int64_t> list = {5, 0, 3};
+  const ref::MoeGrads with = ref::moe_backward(s, l.x.data(), l.w13.data(), l.w2.data(), l.ids.data(),
+                                               l.weights.data(), l.dy.data(), list);
+  const ref::MoeGrads without = ref::moe_backward(s, l.x.data(), l.w13.data(), l.w2.data(), l.ids.data(),
+                                                  l.weights.data(), l.dy.data(), list, /*weight_grads=*/false);
+  EXPECT_TRUE(without.dw13.empty() && without.dw2.empty());
+  EXPECT_EQ(without.dx, with.dx);
+  EXPECT_EQ(without.d_topk_weights, with.d_topk_weights);
+}
+
 TEST_F(RefMoeBackward, ListedTokensAreRowsOfTheWholeAndDwIsTheirsAlone) {
   const MoeShape s{6, 16, 8, 4, 2};
   Layer l = random_layer(s);
