@@ -245,5 +245,86 @@ TEST_F(BackwardTest, EmptyBatch) {
   }
 }
 
+// 64-bit offsets: T·H = 2.46e9 elements of x, dy and dx, and T·k·H of dx_rows, past 2^31. dy (and x)
+// are zero outside a few sampled tokens, among them rows past 2^31 / H = 524,288, so every other
+// token's gradients are exactly zero and the whole dW is the sampled tokens' alone: the oracle
+// runs on those tokens only (ref::moe_backward's token list) and every other dx row and
+// d_topk_weights entry must be exactly 0 (a write that lands on a wrong row is caught there).
+// Both the planner's tile (128 x 256 at 150,000 rows an expert) and the 64 x 64 one.
+TEST_F(BackwardTest, SixtyFourBitOffsets) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const MoeShape s{600000, 4096, 128, 8, 2};
+  const int64_t T = s.tokens, H = s.hidden, F = s.inter, E = s.experts, k = s.topk;
+  ASSERT_GT(T * H, int64_t(1) << 31);
+  const std::vector<int64_t> sampled{0, 7, 262144, 524287, 524288, 524289, T - 2, T - 1};
+  Case c;
+  c.s = s;
+  c.ids = make_routing(RoutingKind::Uniform, T, k, E, rng);
+  c.weights.resize(size_t(T * k));
+  for (float& w : c.weights) w = float(rng() % 1000 + 1) / 1000.0f;
+  c.w13 = random_bf16(size_t(E * 2 * F * H), rng, 1.0f / std::sqrt(float(H)));
+  c.w2 = random_bf16(size_t(E * H * F), rng, 1.0f / std::sqrt(float(F)));
+  c.x.assign(size_t(T * H), ref::bf16(0));
+  c.dy.assign(size_t(T * H), ref::bf16(0));
+  for (int64_t t : sampled) {
+    const std::vector<ref::bf16> xr = random_bf16(size_t(H), rng), dyr = random_bf16(size_t(H), rng);
+    std::copy(xr.begin(), xr.end(), c.x.begin() + t * H);
+    std::copy(dyr.begin(), dyr.end(), c.dy.begin() + t * H);
+  }
+  const ref::MoeGrads want = ref::moe_backward(s, c.x.data(), c.w13.data(), c.w2.data(), c.ids.data(),
+                                               c.weights.data(), c.dy.data(), sampled);
+  // ‖D ⊙ act‖ of the sampled tokens' assignments: the scale of d_topk_weights' rounding error.
+  std::vector<double> scale(sampled.size() * size_t(k));
+  for (size_t i = 0; i < sampled.size(); ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t t = sampled[i], e = c.ids[size_t(t * k + j)];
+      const std::vector<double> gu = gate_up(c, t, e);
+      double s2 = 0;
+      for (int64_t f = 0; f < F; ++f) {
+        double d = 0;
+        for (int64_t h = 0; h < H; ++h)
+          d += double(ref::to_float(c.dy[size_t(t * H + h)])) * ref::to_float(c.w2[size_t((e * H + h) * F + f)]);
+        const double g = gu[size_t(f)], act = g / (1.0 + std::exp(-g)) * gu[size_t(F + f)];
+        s2 += d * act * d * act;
+      }
+      scale[i * size_t(k) + size_t(j)] = std::sqrt(s2);
+    }
+
+  for (int tile : {0, 64}) {
+    SCOPED_TRACE("tile_rows " + std::to_string(tile));
+    BackwardRun run(forward_plan(s), options(SavedActivations::recompute), c, stream, rng, true, tile);
+    SCOPED_TRACE(run.plan.str());
+    const Outputs out = run.run(stream);
+    std::vector<bool> is_sampled(size_t(T), false);
+    for (int64_t t : sampled) is_sampled[size_t(t)] = true;
+    std::vector<double> dx_got, d_topk_err;
+    int64_t nonzero_dx = 0, nonzero_topk = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const ref::bf16* row = out.dx.data() + t * H;
+      if (is_sampled[size_t(t)]) {
+        for (int64_t h = 0; h < H; ++h) dx_got.push_back(ref::to_float(row[h]));
+        continue;
+      }
+      for (int64_t h = 0; h < H; ++h) nonzero_dx += ref::to_float(row[h]) != 0.0f;
+      for (int64_t j = 0; j < k; ++j) nonzero_topk += out.d_topk[size_t(t * k + j)] != 0.0f;
+    }
+    EXPECT_EQ(nonzero_dx, 0) << "dx elements of tokens with dy = 0 that are not exactly 0";
+    EXPECT_EQ(nonzero_topk, 0) << "d_topk_weights of tokens with dy = 0 that are not exactly 0";
+    report_error("dx", ref::rel_norm_error(dx_got, want.dx), kDxTol);
+    double err2 = 0, scale2 = 0;
+    for (size_t i = 0; i < sampled.size(); ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t a = i * size_t(k) + size_t(j);
+        const double d = double(out.d_topk[size_t(sampled[i] * k + j)]) - want.d_topk_weights[a];
+        err2 += d * d, scale2 += scale[a] * scale[a];
+      }
+    report_error("d_topk_weights", std::sqrt(err2 / scale2), kDwTol);
+    report_error("dw13", ref::rel_norm_error(values_of(out.dw13, DType::bf16), want.dw13), kWeightGradTol);
+    report_error("dw2", ref::rel_norm_error(values_of(out.dw2, DType::bf16), want.dw2), kWeightGradTol);
+  }
+}
+
 }  // namespace
 }  // namespace moekit::test
