@@ -25,6 +25,8 @@
 #include "backward/weight_grad.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
+#include "gemm/launch.hpp"
+#include "gemm/params.hpp"
 #include "moekit/backward.hpp"
 
 namespace moekit {
@@ -97,6 +99,24 @@ template <int BM>
 struct DxGemm {
   static constexpr auto fn = kb::dx_gemm_kernel<BM>;
 };
+
+// dx_rows = dh·W13_e on the forward's wgmma kernel (Mode::Dx, W13 read N-major) over the layout's
+// 128-row blocks: plan.dx_wgmma.
+void launch_dx_wgmma(const BackwardPlan& plan, const kb::Layout& L, const BackwardWorkspace& ws, const kb::bf16* w13,
+                     cudaStream_t stream) {
+  const MoeShape& s = plan.shape;
+  kernels::gemm::Params g{};
+  g.a = ws.dh.as<const kb::bf16>();
+  g.b = w13;
+  g.out = ws.dx_rows.as<kb::bf16>();
+  g.sorted_ids = L.sorted_ids, g.block_expert = L.block_expert, g.num_rows_padded = L.num_rows_padded;
+  g.tile_counter = ws.gemm_counter.as<int32_t>();
+  g.num_assign = L.num_assign;
+  g.k_dim = 2 * s.inter, g.n_dim = s.hidden, g.b_expert_stride = 2 * s.inter * s.hidden;
+  g.topk = L.topk;
+  g.k_splits = 1;
+  detail::launch_sm90_dx_gemm(g, plan.max_blocks(), s.experts, stream);
+}
 
 kb::WeightOut weight_out(const Tensor& out, const Tensor& partials, int splits, bool accumulate, int64_t rows,
                          int64_t cols, int64_t experts) {
@@ -229,7 +249,11 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     p.k_tiles_per_split = cdiv(cdiv(2 * F, kb::kTileK), plan.dx_splits);
     p.dx_rows = ws.dx_rows.as<kb::bf16>();
     p.dx_partials = ws.dx_partials.as<float>();
-    launch_ragged<kb::Major::MN, DxGemm>("dx_gemm_kernel", plan, H, plan.dx_splits, p, stream);
+    if (plan.dx_wgmma) {
+      launch_dx_wgmma(plan, layout, ws, w13, stream);
+    } else {
+      launch_ragged<kb::Major::MN, DxGemm>("dx_gemm_kernel", plan, H, plan.dx_splits, p, stream);
+    }
     kb::DxCombineParams c{};
     c.dx_rows = ws.dx_rows.as<const kb::bf16>();
     c.dx_partials = ws.dx_partials.as<const float>();

@@ -11,24 +11,27 @@
 
 namespace moekit::kernels::gemm {
 
-enum class Mode { Up, Down };
+// Up and Down: the forward's two GEMMs. Dx: the backward's dx_rows = dh·W13_e (wgmma only): Down's
+// sorted A rows with B read N-major (W13_e [2F, H]: K = 2F rows of N = H values), no routing
+// weight, stored to row a = sorted_ids[r].
+enum class Mode { Up, Down, Dx };
 
 // FP8 plans: a and b hold e4m3 rows, which the loaders move as 16-byte chunks without reading
 // them, so they are addressed in 2-byte units: k_dim and b_expert_stride count units (K/2, the
 // expert's bytes / 2); one K-tile of 64 units is one 128-deep scale block. out of Up holds e4m3
 // act (bytes); n_dim counts elements in both precisions.
 struct Params {
-  const __nv_bfloat16* a;        // Up: x [T, H]; Down: act [max_rows, F]
-  const __nv_bfloat16* b;        // Up: w13 [E, 2F, H]; Down: w2 [E, H, F]
-  __nv_bfloat16* out;            // Up: act [max_rows, F]; Down: y_rows [T*k, H]
+  const __nv_bfloat16* a;        // Up: x [T, H]; Down: act [max_rows, F]; Dx: dh [max_rows, 2F]
+  const __nv_bfloat16* b;        // Up: w13 [E, 2F, H]; Down: w2 [E, H, F]; Dx: w13
+  __nv_bfloat16* out;            // Up: act [max_rows, F]; Down: y_rows [T*k, H]; Dx: dx_rows [T*k, H]
   const float* topk_weights;     // [T*k] (Down)
   const int32_t* sorted_ids;     // [max_rows]
   const int32_t* block_expert;   // [max_blocks]
   const int32_t* num_rows_padded;
   int32_t* tile_counter;         // [1]: the wgmma kernel's claimed work items (ws.gemm_counter)
   int64_t num_assign;            // T*k: the padding sentinel
-  int64_t k_dim;                 // reduction length: H (Up) or F (Down)
-  int64_t n_dim;                 // output columns: F (Up) or H (Down)
+  int64_t k_dim;                 // reduction length: H (Up), F (Down) or 2F (Dx)
+  int64_t n_dim;                 // output columns: F (Up) or H (Down, Dx)
   int64_t b_expert_stride;       // elements per expert in b
   int64_t n_tiles;               // column tiles: ceil(n_dim / cols_per_tile)
   int topk;

@@ -68,6 +68,30 @@ TEST(Sm90Descriptor, FieldsFollowThePtxMatrixDescriptorFormat) {
   }
 }
 
+// The Dx GEMM's N-major B: the descriptor's fields, and the canonical N-major layout it names (PTX
+// ISA, 128B swizzle, 16-bit elements: ((8, 8, n), (8, k)) : ((1, 8, LBO), (64, SBO)) elements,
+// the swizzle applied to the byte address) against where the producer's TMA boxes put each element.
+TEST(Sm90Descriptor, NMajorTileIsTheCanonicalLayoutItsDescriptorNames) {
+  const uint64_t d = make_desc_mn_sw128(4096);
+  EXPECT_EQ(d & 0x3FFF, 4096u >> 4);
+  const uint32_t lbo = uint32_t((d >> 16) & 0x3FFF) << 4, sbo = uint32_t((d >> 32) & 0x3FFF) << 4;
+  EXPECT_EQ(lbo, 8192u) << "leading byte offset: from one 64-column panel to the next";
+  EXPECT_EQ(sbo, 1024u) << "stride byte offset: from one 8-row K group to the next";
+  EXPECT_EQ(d >> 62, 1u) << "swizzle mode 1 = 128B";
+  for (uint32_t k = 0; k < uint32_t(kBlockK); ++k)
+    for (uint32_t n = 0; n < 256; ++n) {
+      const uint32_t canonical_elems = (n % 8) + 8 * ((n / 8) % 8) + 64 * (k % 8);  // inside one atom
+      const uint32_t canonical = (n / 64) * lbo + (k / 8) * sbo + sw128_address_bits(canonical_elems * 2);
+      ASSERT_EQ(mn_tile_offset(k, n), canonical) << "k " << k << " n " << n;
+    }
+  // The k16 slices: 16 K rows = 2 atoms in, keeping the start on an atom (base offset 0).
+  for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
+    EXPECT_EQ(mn_k16_bytes(kk), mn_tile_offset(uint32_t(16 * kk), 0));
+    EXPECT_EQ(mn_k16_bytes(kk) % kSwizzleAtomBytes, 0u);
+    EXPECT_EQ(desc_advance(make_desc_mn_sw128(4096), mn_k16_bytes(kk)), make_desc_mn_sw128(4096 + mn_k16_bytes(kk)));
+  }
+}
+
 // Every descriptor the consumers form: stage s, warpgroup w, k16 slice kk. The start must stay in
 // the 14-bit field (no carry into the reserved bits) and keep address bits [7,10) zero, which is
 // what base offset 0 asserts.

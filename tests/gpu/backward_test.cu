@@ -39,9 +39,9 @@ std::string name_of(const MoeShape& s, int block_m, const BackwardOptions& o, ui
 
 class BackwardTest : public GpuTest {
  protected:
-  // check()'s backward tile (BackwardPlan::tile_rows) wherever the layout's block_m allows it, 0:
-  // the planner's (which takes the 128-row tile only from 1024 rows an expert).
-  int tile_rows_ = 0;
+  // check()'s kernel choices instead of the planner's where the plan allows them (PlanOverride;
+  // the planner takes the 128-row tile only from 1024 rows an expert, and dx on wgmma not yet).
+  PlanOverride over_;
   void adversarial_routings();
   // One backward of a fresh case, checked; the run is returned for more checks.
   void check(const MoeShape& s, int block_m, const BackwardOptions& o, const RouterOptions& opt = {},
@@ -51,10 +51,8 @@ class BackwardTest : public GpuTest {
     std::mt19937_64 rng(seed);
     Case c = make_case(s, rng, o.router, opt, w_gate_dtype, std::move(ids));
     if (aux) c.aux = random_f32(size_t(s.tokens * s.experts), rng, 0.1f);
-    const ForwardPlan f = forward_plan(s, block_m);
-    const int tile = tile_rows_ && f.block_m() % tile_rows_ == 0 ? tile_rows_ : 0;
-    SCOPED_TRACE("tile_rows " + std::to_string(tile));
-    BackwardRun run(f, o, std::move(c), stream, rng, pass_d_topk, tile);
+    BackwardRun run(forward_plan(s, block_m), o, std::move(c), stream, rng, pass_d_topk, over_);
+    SCOPED_TRACE(run.plan.str());
     check_outputs(run, run.run(stream));
   }
 };
@@ -75,10 +73,11 @@ RouterOptions sigmoid_grouped() {  // DeepSeek-V3's kind: sigmoid, 4 groups keep
 }
 
 TEST_F(BackwardTest, MatchesTheOracle) {
-  // Each case with the planner's tile, then with the 128 x 256 one where block_m is 128.
-  for (int tile : {0, 128})
+  // Each case with the planner's kernels, then with the 128 x 256 tile, then with dx on wgmma,
+  // wherever block_m is 128.
+  for (const PlanOverride over : {PlanOverride{}, PlanOverride{128, false}, PlanOverride{0, true}})
   for (SavedActivations saved : {SavedActivations::recompute, SavedActivations::h}) {
-    tile_rows_ = tile;
+    over_ = over;
     // 16-row layouts (the planner's at 8 rows an expert) and the 64-row kernels over 64- and
     // 128-row layouts of the same layer.
     for (int block_m : {0, 64, 128}) check({33, 256, 128, 8, 2}, block_m, options(saved));
@@ -94,8 +93,9 @@ TEST_F(BackwardTest, MatchesTheOracle) {
 }
 
 TEST_F(BackwardTest, AdversarialRoutings) {
-  for (int tile : {0, 128}) {  // the planner's tile, then the 128 x 256 one where block_m is 128
-    tile_rows_ = tile;
+  // The planner's kernels, the 128 x 256 tile, dx on wgmma (wherever block_m is 128).
+  for (const PlanOverride over : {PlanOverride{}, PlanOverride{128, false}, PlanOverride{0, true}}) {
+    over_ = over;
     adversarial_routings();
   }
 }
@@ -202,16 +202,49 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
   }
 }
 
+// dx on the wgmma kernel (Mode::Dx: W13 read N-major through its own TMA boxes and descriptor):
+// against the oracle at partial tiles (H = 576: 256 + 256 + 64 columns; 2F = 656: a K tail) and
+// many tiles a CTA, bitwise the same run to run, and the same dx rows as the mma.sync path within
+// the bounds (the two sum in different orders).
+TEST_F(BackwardTest, DxGemmOnWgmma) {
+  const uint64_t seed = fresh_seed();
+  const MoeShape s{1500, 576, 328, 8, 2};
+  const BackwardOptions o = options(SavedActivations::recompute, RouterGrad::gate);
+  SCOPED_TRACE(name_of(s, 128, o, seed));
+  std::mt19937_64 rng(seed);
+  const Case c = make_case(s, rng, RouterGrad::gate, softmax_renorm());
+  BackwardRun wgmma(forward_plan(s, 128), o, c, stream, rng, true, PlanOverride{0, true});
+  ASSERT_TRUE(wgmma.plan.dx_wgmma) << wgmma.plan.str();
+  const Outputs first = wgmma.run(stream);
+  check_outputs(wgmma, first);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(wgmma.run(stream) == first) << "run " << i << " differs";
+  BackwardRun mma_sync(forward_plan(s, 128), o, c, stream, rng);
+  ASSERT_FALSE(mma_sync.plan.dx_wgmma);
+  const Outputs other = mma_sync.run(stream);
+  EXPECT_TRUE(other.dw13 == first.dw13 && other.dw2 == first.dw2 && other.d_topk == first.d_topk)
+      << "only dx's GEMM differs between the two plans";
+  report_error("dx wgmma vs mma.sync", ref::rel_norm_error(to_double(first.dx), to_double(other.dx)), 2 * kDxTol);
+}
+
 // The whole backward captured once (global mode: a sync or allocation inside fails) and replayed
 // on new dy in the same buffers: each replay matches the oracle and an eager run, bitwise.
 TEST_F(BackwardTest, CudaGraphCaptureAndReplay) {
-  for (int64_t T : {16, 300}) {  // the 16-row and the 64-row kernels
+  struct Variant {
+    int64_t T;
+    PlanOverride over;
+  };
+  // The 16-row and the 64-row kernels, the 128 x 256 tile, and dx on wgmma (block_m 128 at T = 300).
+  for (const Variant v : {Variant{16, {}}, Variant{300, {}}, Variant{300, {128, false}}, Variant{300, {0, true}}}) {
+    const int64_t T = v.T;
     const uint64_t seed = fresh_seed();
     const MoeShape s{T, 256, 128, 8, 2};
     BackwardOptions o = options(SavedActivations::recompute, RouterGrad::gate);
     SCOPED_TRACE(name_of(s, 0, o, seed));
     std::mt19937_64 rng(seed);
-    BackwardRun run(forward_plan(s), o, make_case(s, rng, RouterGrad::gate, softmax_renorm()), stream, rng);
+    BackwardRun run(forward_plan(s), o, make_case(s, rng, RouterGrad::gate, softmax_renorm()), stream, rng, true,
+                    v.over);
+    SCOPED_TRACE(run.plan.str());
+    if (v.over.dx_wgmma) ASSERT_TRUE(run.plan.dx_wgmma) << "T = 300 has block_m 128";
     run.run(stream);  // one eager call first, as for every captured moekit entry
     const CapturedGraph graph(stream, [&] { run.enqueue(stream); });
     for (int replay = 0; replay < 2; ++replay) {
@@ -250,7 +283,7 @@ TEST_F(BackwardTest, EmptyBatch) {
 // token's gradients are exactly zero and the whole dW is the sampled tokens' alone: the oracle
 // runs on those tokens only (ref::moe_backward's token list) and every other dx row and
 // d_topk_weights entry must be exactly 0 (a write that lands on a wrong row is caught there).
-// Both the planner's tile (128 x 256 at 150,000 rows an expert) and the 64 x 64 one.
+// The planner's tile (128 x 256 at 150,000 rows an expert), the 64 x 64 one, and dx on wgmma.
 TEST_F(BackwardTest, SixtyFourBitOffsets) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -292,9 +325,8 @@ TEST_F(BackwardTest, SixtyFourBitOffsets) {
       scale[i * size_t(k) + size_t(j)] = std::sqrt(s2);
     }
 
-  for (int tile : {0, 64}) {
-    SCOPED_TRACE("tile_rows " + std::to_string(tile));
-    BackwardRun run(forward_plan(s), options(SavedActivations::recompute), c, stream, rng, true, tile);
+  for (const PlanOverride over : {PlanOverride{}, PlanOverride{64, false}, PlanOverride{0, true}}) {
+    BackwardRun run(forward_plan(s), options(SavedActivations::recompute), c, stream, rng, true, over);
     SCOPED_TRACE(run.plan.str());
     const Outputs out = run.run(stream);
     std::vector<bool> is_sampled(size_t(T), false);

@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gpu_util.hpp"
@@ -147,6 +148,21 @@ struct Outputs {
   bool operator==(const Outputs&) const = default;
 };
 
+// Kernel choices a test makes instead of the planner, each where the plan allows it: the mma.sync
+// tile's rows (BackwardPlan::tile_rows; 0 keeps the planner's) where they divide block_m, and the
+// dx GEMM on the wgmma kernel (dx_wgmma) where block_m is 128 and dx is computed unsplit.
+struct PlanOverride {
+  int tile_rows = 0;
+  bool dx_wgmma = false;
+  void apply(BackwardPlan& p) const {
+    if (tile_rows && p.block_m % tile_rows == 0) p.tile_rows = tile_rows;
+    if (dx_wgmma && p.block_m == 128 && p.dx_splits == 1 && p.options.input_grad) p.dx_wgmma = true;
+  }
+  std::string str() const {
+    return "tile_rows " + std::to_string(tile_rows) + (dx_wgmma ? ", dx on wgmma" : "");
+  }
+};
+
 // The device side of one case: inputs, the forward's layout (align on the device), the outputs and
 // a workspace, and moe_backward over them.
 struct BackwardRun {
@@ -172,13 +188,13 @@ struct BackwardRun {
   }
 
   // pass_d_topk: give grads.d_topk_weights (required with RouterGrad::none; else the workspace's is used).
-  // tile_rows: the backward's tile (BackwardPlan::tile_rows) instead of the planner's, 0 keeps it.
+  // over: kernel choices instead of the planner's, where the plan allows them (PlanOverride).
   BackwardRun(const ForwardPlan& f, const BackwardOptions& o, Case c_, cudaStream_t stream, std::mt19937_64& rng,
-              bool pass_d_topk = true, int tile_rows = 0)
+              bool pass_d_topk = true, PlanOverride over = {})
       : c(std::move(c_)), fwd(f), plan(plan_backward(f, query_device(), o)), x(on_device(c.x)), w13(on_device(c.w13)),
         w2(on_device(c.w2)), dy(on_device(c.dy)), weights(on_device(c.weights)), logits(on_device(c.logits)),
         aux(on_device(c.aux)), ids(on_device(c.ids)) {
-    if (tile_rows) plan.tile_rows = tile_rows;
+    over.apply(plan);
     const MoeShape& s = c.s;
     const int64_t T = s.tokens, H = s.hidden, F = s.inter, E = s.experts, k = s.topk;
     fwd_ws = DeviceBuffer<unsigned char>(workspace_bytes(fwd));

@@ -1,6 +1,7 @@
 // epilogue.cuh — what the Hopper expert GEMM's consumers do with a finished tile, per mode, from
 // registers: Up — silu(g)·u from the paired gate/up accumulators, stored to act row r (sorted
-// order); Down — times the routing weight, stored to y_rows row a = sorted_ids[r]. Padding rows
+// order); Down — times the routing weight, stored to y_rows row a = sorted_ids[r]; Dx (the
+// backward's dx_rows) — stored as they are to row a. Padding rows
 // and columns past n_dim are never stored. Every output element is one thread's fixed-order sum:
 // bitwise deterministic.
 //
@@ -84,6 +85,24 @@ struct Epilogue<Mode::Down, Cfg> {
       for (int i = 0; i < 4; ++i) {
         const int v = epi_acc(g, i, h);  // accumulators of block 4g+i, this row half
         x[i] = pack_bf16x2(acc[v] * weight, acc[v + 1] * weight);
+      }
+    });
+  }
+};
+
+template <class Cfg>
+struct Epilogue<Mode::Dx, Cfg> {
+  static constexpr int kOutBlocks = cols_per_tile(Mode::Dx, Cfg::kBlockN) / 8;
+  __device__ __forceinline__ void load_row_data(const Params&, const int32_t (&)[2]) {}
+  // dx_rows row a = the row's assignment.
+  __device__ __forceinline__ int32_t out_row(int32_t, int32_t id) const { return id; }
+  __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
+                                        int32_t out_row, int32_t n0, int lane) const {
+    store_row_groups<kOutBlocks>(p, id < p.num_assign, out_row, n0, lane, [&](int g, uint32_t(&x)[4]) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int v = epi_acc(g, i, h);
+        x[i] = pack_bf16x2(acc[v], acc[v + 1]);
       }
     });
   }

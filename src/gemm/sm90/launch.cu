@@ -42,17 +42,22 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// The weights as a 4-D tensor (K innermost): Up w13 [E][2][F][H] viewed as (H, F, 2, E), so one
+// The weights as a 4-D tensor (K innermost, but for Dx): Up w13 [E][2][F][H] viewed as (H, F, 2, E), so one
 // box of (64, BN/2, 2, 1) brings BN/2 gate rows and the same BN/2 up rows, gate first; Down w2
 // [E][H][F] as (F, H, 1, E) with boxes (64, BN, 1, 1). Rows past F (or H) and K past k_dim are
 // outside the tensor: TMA fills them with zeros instead of reading the next expert.
+// Dx (N-major, the backward's w13 [E][2F][H] read with K = 2F): (H, 2F, 1, E), boxes of (64, 64,
+// 1, 1), one per 64 columns of a tile.
 CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n) {
+  const bool n_major = mode == Mode::Dx;
   const int64_t halves = mode == Mode::Up ? 2 : 1;
-  const cuuint64_t dims[4] = {cuuint64_t(p.k_dim), cuuint64_t(p.n_dim), cuuint64_t(halves), cuuint64_t(experts)};
-  const cuuint64_t row_bytes = cuuint64_t(p.k_dim) * 2;
-  const cuuint64_t strides[3] = {row_bytes, row_bytes * cuuint64_t(p.n_dim),
+  const int64_t inner = n_major ? p.n_dim : p.k_dim, outer = n_major ? p.k_dim : p.n_dim;
+  const cuuint64_t dims[4] = {cuuint64_t(inner), cuuint64_t(outer), cuuint64_t(halves), cuuint64_t(experts)};
+  const cuuint64_t row_bytes = cuuint64_t(inner) * 2;
+  const cuuint64_t strides[3] = {row_bytes, row_bytes * cuuint64_t(outer),
                                  cuuint64_t(p.b_expert_stride) * 2};  // bytes of dims 1..3
-  const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), cuuint32_t(block_n / halves), cuuint32_t(halves), 1};
+  const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), n_major ? cuuint32_t(sm90::kBlockK) : cuuint32_t(block_n / halves),
+                             cuuint32_t(halves), 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   CUtensorMap map{};
   const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(p.b),
@@ -117,6 +122,12 @@ void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan
 #undef MK_SM90_BF16
 #undef MK_SM90_DISPATCH
   fail("expert_gemm", "plan", "no compiled wgmma config has block_n " + std::to_string(block_n));
+}
+
+void launch_sm90_dx_gemm(const Params& p, int64_t max_blocks, int64_t experts, cudaStream_t stream) {
+  if (max_blocks == 0) return;
+  constexpr int kBlockN = 256;
+  launch_instance<Mode::Dx, kBlockN, 4, false>(p, make_b_map(Mode::Dx, p, experts, kBlockN), max_blocks, stream);
 }
 
 }  // namespace moekit::detail

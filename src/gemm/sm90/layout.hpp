@@ -42,6 +42,23 @@ MK_HD constexpr uint64_t make_desc_k_sw128(uint32_t smem_addr) {
   return desc_encode(smem_addr) | (desc_encode(16) << 16) | (desc_encode(kSwizzleAtomBytes) << 32) |
          (kDescSwizzle128B << 62);
 }
+// N-major bf16 tile (the Dx GEMM's B, imm-trans-b = 1), 128B-swizzled, as the producer stores it:
+// BN / 64 panels of [64 K rows][64 N values] (one TMA box each, kMnPanelBytes apart), each K row
+// 128 bytes. The PTX ISA's canonical N-major layout with 128B swizzle, ((8, 8, n), (8, k)) :
+// ((1, 8, LBO), (64, SBO)) in elements, is that with LBO = the panel stride and SBO = 8 K rows.
+inline constexpr uint32_t kMnPanelBytes = kBlockK * kRowBytes;  // 64 K rows of 64 N values
+MK_HD constexpr uint64_t make_desc_mn_sw128(uint32_t smem_addr) {
+  return desc_encode(smem_addr) | (desc_encode(kMnPanelBytes) << 16) | (desc_encode(kSwizzleAtomBytes) << 32) |
+         (kDescSwizzle128B << 62);
+}
+// Byte offset of element (k, n) in that tile, as the TMA boxes place it: panel n / 64, K row k,
+// then the 128-byte swizzle of the row.
+MK_HD constexpr uint32_t mn_tile_offset(uint32_t k, uint32_t n) {
+  return (n / 64) * kMnPanelBytes + sw128_address_bits(k * uint32_t(kRowBytes) + (n % 64) * 2);
+}
+// The k16 slice kk of an N-major stage starts kk·16 K rows in (K-major: kk·32 bytes along the row).
+MK_HD constexpr uint32_t mn_k16_bytes(int kk) { return uint32_t(kk) * 16u * uint32_t(kRowBytes); }
+
 // Descriptor of the k16 slice `kk` (0..3) of the BK=64 tile starting `row0` rows in: the start moves
 // kk * 32 bytes along the (pre-swizzle) row, as CUTLASS/DeepGEMM do — the hardware applies the
 // XOR on the final address bits, so the slice stays consistent with the tile's swizzle.

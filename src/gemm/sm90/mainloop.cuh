@@ -28,7 +28,8 @@ __device__ __forceinline__ void release_stages(const Smem<Cfg>& sm, int32_t k_ti
   }
 }
 
-template <class Cfg, class Hook>
+// kBNMajor: B is N-major (the Dx GEMM: make_desc_mn_sw128, imm-trans-b), its k16 slices 16 K rows apart.
+template <class Cfg, bool kBNMajor = false, class Hook>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                          uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
                                          bool live, Hook&& after_first_step) {
@@ -52,7 +53,10 @@ __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cf
     for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
       const uint32_t k_bytes = uint32_t(kk * kWgmmaK * 2);  // along the (pre-swizzle) 128-byte row
       const bool accumulate = kt > 0 || kk > 0;              // the tile's first wgmma overwrites
-      if constexpr (Cfg::kBlockN == 256)
+      if constexpr (kBNMajor) {
+        static_assert(Cfg::kBlockN == 256, "the N-major B is wrapped for n256");
+        ptx::wgmma_m64n256k16<1>(acc, desc_advance(desc_a, k_bytes), desc_advance(desc_b, mn_k16_bytes(kk)), accumulate);
+      } else if constexpr (Cfg::kBlockN == 256)
         ptx::wgmma_m64n256k16(acc, desc_advance(desc_a, k_bytes), desc_advance(desc_b, k_bytes), accumulate);
       else
         ptx::wgmma_m64n128k16(acc, desc_advance(desc_a, k_bytes), desc_advance(desc_b, k_bytes), accumulate);

@@ -2,8 +2,9 @@
 // fills the ring of stages for every tile its CTA takes, and claims and publishes those tiles.
 //
 // B = BN rows of the expert's weights by TMA (one 4-D box: Up takes BN/2 gate rows and the same
-// BN/2 up rows). A = the tile's 128 rows by cp.async, gathered through sorted_ids (Up: x row a/k;
-// Down: act row r in sorted order), padding rows and the K tail zero-filled, written straight into
+// BN/2 up rows; Dx, N-major: a box of 64 columns by the 64 K rows per 64 columns). A = the tile's
+// 128 rows by cp.async, gathered through sorted_ids (Up: x row a/k; Down and Dx: row r in sorted
+// order), padding rows and the K tail zero-filled, written straight into
 // the 128-byte swizzle wgmma reads. Each stage's "full" mbarrier completes when the TMA bytes have
 // landed and all 128 producer threads' cp.async have (cp.async.mbarrier.arrive.noinc).
 // FP8 (Cfg::kFp8): the same bytes (rows of 128 e4m3, addressed in 2-byte units: gemm/params.hpp),
@@ -90,9 +91,18 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);  // the consumers released this stage
       const int32_t k0 = kt * kBlockK;
       if (tma_thread) {
-        // B box: (k0.., b_row.., half 0.., expert); rows past n_dim and K past k_dim read zeros.
         ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes);
-        ptx::tma_load_4d(sm.b(stage), b_map, sm.full(stage), k0, b_row, 0, expert);
+        if constexpr (M == Mode::Dx) {
+          // N-major B: one box (b_row + 64j.., k0.., 0, expert) of 64 N values by 64 K rows per
+          // panel (layout.hpp, mn_tile_offset); N past n_dim and K past k_dim read zeros.
+#pragma unroll
+          for (int j = 0; j < Cfg::kBlockN / 64; ++j)
+            ptx::tma_load_4d(sm.b(stage) + uint32_t(j) * kMnPanelBytes, b_map, sm.full(stage), b_row + 64 * j, k0, 0,
+                             expert);
+        } else {
+          // B box: (k0.., b_row.., half 0.., expert); rows past n_dim and K past k_dim read zeros.
+          ptx::tma_load_4d(sm.b(stage), b_map, sm.full(stage), k0, b_row, 0, expert);
+        }
       }
       const bool k_ok = k0 + chunk * 8 < p.k_dim;
       const uint32_t dst = sm.a(stage);
