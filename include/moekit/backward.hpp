@@ -85,9 +85,10 @@ struct BackwardPlan {
   int dw_splits = 1;    // split-K of dW2/dW13 over each expert's rows: FP32 partials, summed in order
   int gate_splits = 1;  // split-K over T of d_w_gate = d_logitsᵀ·x (RouterGrad::gate)
   int tile_rows = 16;   // rows of the backward's mma.sync tiles: 16, 64 or 128 (ragged_tile_rows)
-  // The dx GEMM on the forward's wgmma kernel (128 x 256 tiles, W13 read N-major) instead of the
-  // mma.sync tile: block_m 128 and dx_splits 1 only. plan_backward leaves it off until its GPU
-  // tests and measurements stand (tests turn it on).
+  // The D and dx GEMMs on the forward's wgmma kernel (128 x 256 tiles, W2 / W13 read N-major)
+  // instead of the mma.sync tile: block_m 128 only (dx: unsplit). plan_backward leaves them off
+  // until their GPU tests and measurements stand (tests turn them on).
+  bool d_wgmma = false;
   bool dx_wgmma = false;
   std::string source;   // "forward:" + the forward plan's source
 

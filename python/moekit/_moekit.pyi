@@ -272,6 +272,9 @@ class BackwardPlan:
     def tile_rows(self) -> int: ...
 
     @property
+    def d_wgmma(self) -> bool: ...
+
+    @property
     def dx_wgmma(self) -> bool: ...
 
     @property

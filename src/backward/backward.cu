@@ -100,22 +100,17 @@ struct DxGemm {
   static constexpr auto fn = kb::dx_gemm_kernel<BM>;
 };
 
-// dx_rows = dh·W13_e on the forward's wgmma kernel (Mode::Dx, W13 read N-major) over the layout's
-// 128-row blocks: plan.dx_wgmma.
-void launch_dx_wgmma(const BackwardPlan& plan, const kb::Layout& L, const BackwardWorkspace& ws, const kb::bf16* w13,
-                     cudaStream_t stream) {
-  const MoeShape& s = plan.shape;
-  kernels::gemm::Params g{};
-  g.a = ws.dh.as<const kb::bf16>();
-  g.b = w13;
-  g.out = ws.dx_rows.as<kb::bf16>();
+// The forward's wgmma kernel as a backward GEMM over the layout's 128-row blocks (plan.d_wgmma:
+// Mode::DGrad, D = dy·W2_e with the SwiGLU backward; plan.dx_wgmma: Mode::Dx, dx_rows = dh·W13_e):
+// B read N-major, the claim counter in the backward's workspace. `g` holds the mode's operands.
+void launch_wgmma(kernels::gemm::Mode mode, const BackwardPlan& plan, const kb::Layout& L, const BackwardWorkspace& ws,
+                  kernels::gemm::Params g, cudaStream_t stream) {
   g.sorted_ids = L.sorted_ids, g.block_expert = L.block_expert, g.num_rows_padded = L.num_rows_padded;
   g.tile_counter = ws.gemm_counter.as<int32_t>();
   g.num_assign = L.num_assign;
-  g.k_dim = 2 * s.inter, g.n_dim = s.hidden, g.b_expert_stride = 2 * s.inter * s.hidden;
   g.topk = L.topk;
   g.k_splits = 1;
-  detail::launch_sm90_dx_gemm(g, plan.max_blocks(), s.experts, stream);
+  detail::launch_sm90_backward_gemm(mode, g, plan.max_blocks(), plan.shape.experts, stream);
 }
 
 kb::WeightOut weight_out(const Tensor& out, const Tensor& partials, int splits, bool accumulate, int64_t rows,
@@ -189,7 +184,16 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     p.dh = ws.dh.as<kb::bf16>();        // null when neither dx nor dW is computed
     p.act_w = ws.act_w.as<kb::bf16>();  // null without dW
     p.dw_partials = ws.dw_partials.as<float>();
-    launch_ragged<kb::Major::MN, DGemm>("d_gemm_kernel", plan, F, 1, p, stream);
+    if (plan.d_wgmma) {
+      kernels::gemm::Params g{};
+      g.a = dy, g.b = p.b;
+      g.k_dim = H, g.n_dim = F, g.b_expert_stride = H * F;
+      g.topk_weights = p.topk_weights;
+      g.h = p.h, g.dh = p.dh, g.act_w = p.act_w, g.dw_partials = p.dw_partials;
+      launch_wgmma(kernels::gemm::Mode::DGrad, plan, layout, ws, g, stream);
+    } else {
+      launch_ragged<kb::Major::MN, DGemm>("d_gemm_kernel", plan, F, 1, p, stream);
+    }
   }
 
   // 3. d_topk_weights: the caller's buffer when given, else the workspace's (the router reads it).
@@ -250,7 +254,10 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     p.dx_rows = ws.dx_rows.as<kb::bf16>();
     p.dx_partials = ws.dx_partials.as<float>();
     if (plan.dx_wgmma) {
-      launch_dx_wgmma(plan, layout, ws, w13, stream);
+      kernels::gemm::Params g{};
+      g.a = ws.dh.as<const kb::bf16>(), g.b = w13, g.out = ws.dx_rows.as<kb::bf16>();
+      g.k_dim = 2 * F, g.n_dim = H, g.b_expert_stride = 2 * F * H;
+      launch_wgmma(kernels::gemm::Mode::Dx, plan, layout, ws, g, stream);
     } else {
       launch_ragged<kb::Major::MN, DxGemm>("dx_gemm_kernel", plan, H, plan.dx_splits, p, stream);
     }

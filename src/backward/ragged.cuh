@@ -22,6 +22,7 @@
 #include "backward/params.hpp"
 #include "backward/tile.cuh"
 #include "common/device.cuh"
+#include "common/swiglu_grad.cuh"
 
 namespace moekit::kernels::backward {
 
@@ -102,21 +103,7 @@ __global__ void __launch_bounds__(RaggedTile<BM, Major::K>::kThreads) recompute_
     }
 }
 
-// The SwiGLU backward of one element, from g and u (h, bf16) and D, with the routing weight w:
-// act = silu(g)·u, and dact = w·D gives dg = dact·u·silu'(g), du = dact·silu(g), where
-// silu'(g) = σ(g)·(1 + g·(1 − σ(g))). A very negative g has σ = 0 (expf overflows to inf): all
-// three are 0, as in the limit.
-struct SwigluGrad {
-  float act, dg, du;
-  __device__ __forceinline__ SwigluGrad(float g, float u, float d, float w) {
-    const float sig = __frcp_rn(1.0f + expf(-g));
-    const float silu = g * sig;
-    act = silu * u;
-    const float dact = w * d;
-    du = dact * silu;
-    dg = dact * u * (sig * (1.0f + g * (1.0f - sig)));
-  }
-};
+using dev::SwigluGrad;  // common/swiglu_grad.cuh
 
 template <int BM>
 __global__ void __launch_bounds__(RaggedTile<BM, Major::MN>::kThreads) d_gemm_kernel(const RaggedParams p) {

@@ -11,10 +11,17 @@
 
 namespace moekit::kernels::gemm {
 
-// Up and Down: the forward's two GEMMs. Dx: the backward's dx_rows = dh·W13_e (wgmma only): Down's
-// sorted A rows with B read N-major (W13_e [2F, H]: K = 2F rows of N = H values), no routing
-// weight, stored to row a = sorted_ids[r].
-enum class Mode { Up, Down, Dx };
+// Up and Down: the forward's two GEMMs. The backward's, on the wgmma kernel only, with B read
+// N-major (K rows of N values):
+//   Dx    — dx_rows = dh·W13_e: Down's sorted A rows, B = W13_e [2F, H], no routing weight, stored
+//           to row a = sorted_ids[r];
+//   DGrad — D = dy·W2_e: Up's token gather of dy, B = W2_e [H, F], and the SwiGLU backward in the
+//           epilogue (the Params' h, dh, act_w, dw_partials).
+enum class Mode { Up, Down, Dx, DGrad };
+// A rows gathered by token (x, dy: row a / k), else the sorted row itself.
+MK_HD constexpr bool a_by_token(Mode m) { return m == Mode::Up || m == Mode::DGrad; }
+// B read N-major (the backward's modes), else K-major.
+MK_HD constexpr bool b_n_major(Mode m) { return m == Mode::Dx || m == Mode::DGrad; }
 
 // FP8 plans: a and b hold e4m3 rows, which the loaders move as 16-byte chunks without reading
 // them, so they are addressed in 2-byte units: k_dim and b_expert_stride count units (K/2, the
@@ -46,6 +53,13 @@ struct Params {
   float* out_scale;              // Up: act_scale [max_rows, ceil(F/128)]
   int64_t b_scale_expert_stride; // floats per expert in b_scale
   int64_t b_up_block0;           // Up: the scale row of up's first block, ceil(F/128)
+  // DGrad (n_dim = F): h = g | u [max_rows, 2F] in; dh = dg | du [max_rows, 2F] and act_w = w·act
+  // [max_rows, F] out (either may be null); ⟨D, act⟩ of each 64-column group per assignment to
+  // dw_partials[group][a].
+  const __nv_bfloat16* h;
+  __nv_bfloat16* dh;
+  __nv_bfloat16* act_w;
+  float* dw_partials;
 };
 
 // Output columns of a tile of `block_n` B rows: Up pairs block_n/2 gate rows with the same

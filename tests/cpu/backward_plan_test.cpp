@@ -318,14 +318,17 @@ TEST(PlanBackward, TileRowsFollowTheLayoutAndTheRowsAnExpertGets) {
   EXPECT_THROW(detail::expect_backward_plan(b, "moe_backward"), Error);
 }
 
-TEST(PlanBackward, DxOnWgmmaIsOffAndOnlyValidAtBlockM128Unsplit) {
+TEST(PlanBackward, WgmmaGemmsAreOffAndOnlyValidAtBlockM128) {
   BackwardPlan prefill = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, every_grad());
-  EXPECT_FALSE(prefill.dx_wgmma) << "the planner does not choose it yet";
-  prefill.dx_wgmma = true;
+  EXPECT_FALSE(prefill.d_wgmma || prefill.dx_wgmma) << "the planner does not choose them yet";
+  prefill.d_wgmma = prefill.dx_wgmma = true;
   EXPECT_NO_THROW(detail::expect_backward_plan(prefill, "moe_backward"));
-  EXPECT_NE(prefill.str().find(" dx_gemm=wgmma-m128n256"), std::string::npos) << prefill.str();
+  EXPECT_NE(prefill.str().find(" d_gemm=wgmma-m128n256 dx_gemm=wgmma-m128n256"), std::string::npos) << prefill.str();
   BackwardPlan decode = plan_backward(plan_forward(MoeShape{4, 256, 128, 4, 2}, kH200), kH200, every_grad());
   decode.dx_wgmma = true;
+  EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(decode, "moe_backward"); }, "plan"));
+  decode.dx_wgmma = false;
+  decode.d_wgmma = true;
   EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(decode, "moe_backward"); }, "plan"));
   BackwardOptions no_dx = every_grad();
   no_dx.input_grad = false;

@@ -73,9 +73,9 @@ RouterOptions sigmoid_grouped() {  // DeepSeek-V3's kind: sigmoid, 4 groups keep
 }
 
 TEST_F(BackwardTest, MatchesTheOracle) {
-  // Each case with the planner's kernels, then with the 128 x 256 tile, then with dx on wgmma,
-  // wherever block_m is 128.
-  for (const PlanOverride over : {PlanOverride{}, PlanOverride{128, false}, PlanOverride{0, true}})
+  // Each case with the planner's kernels, then with the 128 x 256 tile, then with D and dx on
+  // wgmma, wherever block_m is 128.
+  for (const PlanOverride over : kPlanVariants)
   for (SavedActivations saved : {SavedActivations::recompute, SavedActivations::h}) {
     over_ = over;
     // 16-row layouts (the planner's at 8 rows an expert) and the 64-row kernels over 64- and
@@ -93,8 +93,8 @@ TEST_F(BackwardTest, MatchesTheOracle) {
 }
 
 TEST_F(BackwardTest, AdversarialRoutings) {
-  // The planner's kernels, the 128 x 256 tile, dx on wgmma (wherever block_m is 128).
-  for (const PlanOverride over : {PlanOverride{}, PlanOverride{128, false}, PlanOverride{0, true}}) {
+  // The planner's kernels, the 128 x 256 tile, D and dx on wgmma (wherever block_m is 128).
+  for (const PlanOverride over : kPlanVariants) {
     over_ = over;
     adversarial_routings();
   }
@@ -202,61 +202,32 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
   }
 }
 
-// dx on the wgmma kernel (Mode::Dx: W13 read N-major through its own TMA boxes and descriptor):
-// against the oracle at partial tiles (H = 576: 256 + 256 + 64 columns; 2F = 656: a K tail) and
-// many tiles a CTA, bitwise the same run to run, and the same dx rows as the mma.sync path within
-// the bounds (the two sum in different orders).
-TEST_F(BackwardTest, DxGemmOnWgmma) {
+// The D and dx GEMMs on the wgmma kernel (Mode::DGrad, Mode::Dx: W2 and W13 read N-major through
+// their own TMA boxes and descriptor), each alone and both: against the oracle at partial tiles
+// (F = 328: 256 + 72 columns and a partial ⟨D, act⟩ group; H = 576: 256 + 256 + 64; K tails of
+// 2F = 656) and many tiles a CTA, bitwise the same run to run, and within the bounds of the
+// mma.sync path (the two sum in different orders; what neither GEMM touches is bitwise equal).
+TEST_F(BackwardTest, RaggedGemmsOnWgmma) {
   const uint64_t seed = fresh_seed();
   const MoeShape s{1500, 576, 328, 8, 2};
   const BackwardOptions o = options(SavedActivations::recompute, RouterGrad::gate);
   SCOPED_TRACE(name_of(s, 128, o, seed));
   std::mt19937_64 rng(seed);
   const Case c = make_case(s, rng, RouterGrad::gate, softmax_renorm());
-  BackwardRun wgmma(forward_plan(s, 128), o, c, stream, rng, true, PlanOverride{0, true});
-  ASSERT_TRUE(wgmma.plan.dx_wgmma) << wgmma.plan.str();
-  const Outputs first = wgmma.run(stream);
-  check_outputs(wgmma, first);
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(wgmma.run(stream) == first) << "run " << i << " differs";
   BackwardRun mma_sync(forward_plan(s, 128), o, c, stream, rng);
-  ASSERT_FALSE(mma_sync.plan.dx_wgmma);
-  const Outputs other = mma_sync.run(stream);
-  EXPECT_TRUE(other.dw13 == first.dw13 && other.dw2 == first.dw2 && other.d_topk == first.d_topk)
-      << "only dx's GEMM differs between the two plans";
-  report_error("dx wgmma vs mma.sync", ref::rel_norm_error(to_double(first.dx), to_double(other.dx)), 2 * kDxTol);
-}
-
-// The whole backward captured once (global mode: a sync or allocation inside fails) and replayed
-// on new dy in the same buffers: each replay matches the oracle and an eager run, bitwise.
-TEST_F(BackwardTest, CudaGraphCaptureAndReplay) {
-  struct Variant {
-    int64_t T;
-    PlanOverride over;
-  };
-  // The 16-row and the 64-row kernels, the 128 x 256 tile, and dx on wgmma (block_m 128 at T = 300).
-  for (const Variant v : {Variant{16, {}}, Variant{300, {}}, Variant{300, {128, false}}, Variant{300, {0, true}}}) {
-    const int64_t T = v.T;
-    const uint64_t seed = fresh_seed();
-    const MoeShape s{T, 256, 128, 8, 2};
-    BackwardOptions o = options(SavedActivations::recompute, RouterGrad::gate);
-    SCOPED_TRACE(name_of(s, 0, o, seed));
-    std::mt19937_64 rng(seed);
-    BackwardRun run(forward_plan(s), o, make_case(s, rng, RouterGrad::gate, softmax_renorm()), stream, rng, true,
-                    v.over);
+  const Outputs base = mma_sync.run(stream);
+  for (const PlanOverride over : {PlanOverride{0, true, false}, PlanOverride{0, false, true}, PlanOverride{0, true, true}}) {
+    BackwardRun run(forward_plan(s, 128), o, c, stream, rng, true, over);
     SCOPED_TRACE(run.plan.str());
-    if (v.over.dx_wgmma) ASSERT_TRUE(run.plan.dx_wgmma) << "T = 300 has block_m 128";
-    run.run(stream);  // one eager call first, as for every captured moekit entry
-    const CapturedGraph graph(stream, [&] { run.enqueue(stream); });
-    for (int replay = 0; replay < 2; ++replay) {
-      run.c.dy = random_bf16(run.c.dy.size(), rng);
-      run.dy.upload(run.c.dy);
-      run.poison();
-      graph.launch(stream);
-      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-      const Outputs replayed = run.download();
-      check_outputs(run, replayed);
-      ASSERT_TRUE(run.run(stream) == replayed) << "replay " << replay << " differs from an eager run";
-    }
+    ASSERT_TRUE(run.plan.d_wgmma == over.d_wgmma && run.plan.dx_wgmma == over.dx_wgmma);
+    const Outputs first = run.run(stream);
+    check_outputs(run, first);
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(run.run(stream) == first) << "run " << i << " differs";
+    report_error("dx against mma.sync", ref::rel_norm_error(to_double(first.dx), to_double(base.dx)), 2 * kDxTol);
+    if (!over.d_wgmma)
+      EXPECT_TRUE(first.dw13 == base.dw13 && first.dw2 == base.dw2 && first.d_topk == base.d_topk &&
+                  first.d_w_gate == base.d_w_gate)
+          << "with D on mma.sync, only dx's GEMM differs";
   }
 }
 
@@ -283,7 +254,7 @@ TEST_F(BackwardTest, EmptyBatch) {
 // token's gradients are exactly zero and the whole dW is the sampled tokens' alone: the oracle
 // runs on those tokens only (ref::moe_backward's token list) and every other dx row and
 // d_topk_weights entry must be exactly 0 (a write that lands on a wrong row is caught there).
-// The planner's tile (128 x 256 at 150,000 rows an expert), the 64 x 64 one, and dx on wgmma.
+// The planner's tile (128 x 256 at 150,000 rows an expert), the 64 x 64 one, and D and dx on wgmma.
 TEST_F(BackwardTest, SixtyFourBitOffsets) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -325,7 +296,7 @@ TEST_F(BackwardTest, SixtyFourBitOffsets) {
       scale[i * size_t(k) + size_t(j)] = std::sqrt(s2);
     }
 
-  for (const PlanOverride over : {PlanOverride{}, PlanOverride{64, false}, PlanOverride{0, true}}) {
+  for (const PlanOverride over : {PlanOverride{}, PlanOverride{64, false, false}, PlanOverride{0, true, true}}) {
     BackwardRun run(forward_plan(s), options(SavedActivations::recompute), c, stream, rng, true, over);
     SCOPED_TRACE(run.plan.str());
     const Outputs out = run.run(stream);

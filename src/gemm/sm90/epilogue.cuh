@@ -1,7 +1,8 @@
 // epilogue.cuh — what the Hopper expert GEMM's consumers do with a finished tile, per mode, from
 // registers: Up — silu(g)·u from the paired gate/up accumulators, stored to act row r (sorted
 // order); Down — times the routing weight, stored to y_rows row a = sorted_ids[r]; Dx (the
-// backward's dx_rows) — stored as they are to row a. Padding rows
+// backward's dx_rows) — stored as they are to row a; DGrad (the backward's D) — the SwiGLU
+// backward. Padding rows
 // and columns past n_dim are never stored. Every output element is one thread's fixed-order sum:
 // bitwise deterministic.
 //
@@ -13,6 +14,7 @@
 #include <cstdint>
 
 #include "common/silu.cuh"
+#include "common/swiglu_grad.cuh"
 #include "gemm/common.cuh"
 #include "gemm/sm90/layout.hpp"
 
@@ -105,6 +107,67 @@ struct Epilogue<Mode::Dx, Cfg> {
         x[i] = pack_bf16x2(acc[v], acc[v + 1]);
       }
     });
+  }
+};
+
+// DGrad (the backward's D = dy·W2_e, n_dim = F): per element the SwiGLU backward from h's g and u
+// and the routing weight; dh and act_w stored to the sorted row as bf16 pairs, and each row's
+// ⟨D, act⟩ over each 64-column group (the thread's 16 columns of the group in order, then its lane
+// quad: xor 1, 2) to dw_partials[group][a], as the mma.sync D GEMM sums them.
+template <class Cfg>
+struct Epilogue<Mode::DGrad, Cfg> {
+  static constexpr int kBlocks = Cfg::kBlockN / 8;  // n8 blocks of D columns
+  static constexpr int kGroupBlocks = 64 / 8;       // n8 blocks of one ⟨D, act⟩ group
+  static_assert(kBlocks % kGroupBlocks == 0, "a tile is whole 64-column groups");
+  float weights[2] = {0.0f, 0.0f};
+  __device__ __forceinline__ void load_row_data(const Params& p, const int32_t (&ids)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (ids[h] < p.num_assign) weights[h] = p.topk_weights[ids[h]];
+  }
+  // dh and act_w rows are in sorted order (dw_partials is by assignment).
+  __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
+  __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
+                                        int32_t out_row, int32_t n0, int lane) const {
+    const bool row_ok = id < p.num_assign;
+    const float w = weights[h];
+    const int32_t F = int32_t(p.n_dim), c0 = n0 + 2 * (lane & 3);  // this lane's first column
+    // The row's pointers once (64-bit row offsets), 32-bit columns after: the accumulators leave
+    // the epilogue ~88 registers.
+    const int64_t row = out_row;
+    const __nv_bfloat16* g_row = p.h + row * 2 * F;
+    __nv_bfloat16* dg_row = p.dh ? p.dh + row * 2 * F : nullptr;
+    __nv_bfloat16* aw_row = p.act_w ? p.act_w + row * F : nullptr;
+    auto bf16_pair = [](const __nv_bfloat16* at) {
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(at);
+      return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+    };
+#pragma unroll
+    for (int g = 0; g < kBlocks / kGroupBlocks; ++g) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < kGroupBlocks; ++jj) {
+        const int j = g * kGroupBlocks + jj, v = 4 * j + 2 * h;  // columns 8j + 2q, +1 of this row half
+        const int32_t n = c0 + 8 * j;
+        if (!row_ok || n >= F) continue;
+        const float2 gg = bf16_pair(g_row + n), uu = bf16_pair(g_row + F + n);
+        const dev::SwigluGrad e0(gg.x, uu.x, acc[v], w), e1(gg.y, uu.y, acc[v + 1], w);
+        dot += acc[v] * e0.act;
+        dot += acc[v + 1] * e1.act;
+        if (dg_row) {
+          *reinterpret_cast<uint32_t*>(dg_row + n) = pack_bf16x2(e0.dg, e1.dg);
+          *reinterpret_cast<uint32_t*>(dg_row + F + n) = pack_bf16x2(e0.du, e1.du);
+        }
+        if (aw_row) *reinterpret_cast<uint32_t*>(aw_row + n) = pack_bf16x2(w * e0.act, w * e1.act);
+      }
+      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+      dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+      const int32_t group = n0 / 64 + g;
+      if ((lane & 3) == 0 && row_ok && group * 64 < F) p.dw_partials[int64_t(group) * p.num_assign + id] = dot;
+      // One group's h loads live at a time: without this the compiler hoists all four groups'
+      // 64 loads above the math, next to the 128 accumulators.
+      asm volatile("" ::: "memory");
+    }
   }
 };
 

@@ -41,7 +41,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
   const uint64_t desc_a0 = make_desc_k_sw128(sm.a(0) + uint32_t(wg * kWgmmaM * kRowBytes));
-  const uint64_t desc_b0 = M == Mode::Dx ? make_desc_mn_sw128(sm.b(0)) : make_desc_k_sw128(sm.b(0));
+  const uint64_t desc_b0 = b_n_major(M) ? make_desc_mn_sw128(sm.b(0)) : make_desc_k_sw128(sm.b(0));
 
   float acc[Cfg::kAccs];
 #pragma unroll
@@ -75,7 +75,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
       const int rows[2] = {wg * kWgmmaM + acc_row(warp, lane, 0), wg * kWgmmaM + acc_row(warp, lane, 2)};
       mma_tile_fp8<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
     } else {
-      mma_tile<Cfg, M == Mode::Dx>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, hook);
+      mma_tile<Cfg, b_n_major(M)>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, hook);
     }
 
     // The next item (the producer published it after issuing this tile's last loads) and its ids.

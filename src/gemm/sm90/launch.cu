@@ -46,10 +46,10 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // box of (64, BN/2, 2, 1) brings BN/2 gate rows and the same BN/2 up rows, gate first; Down w2
 // [E][H][F] as (F, H, 1, E) with boxes (64, BN, 1, 1). Rows past F (or H) and K past k_dim are
 // outside the tensor: TMA fills them with zeros instead of reading the next expert.
-// Dx (N-major, the backward's w13 [E][2F][H] read with K = 2F): (H, 2F, 1, E), boxes of (64, 64,
-// 1, 1), one per 64 columns of a tile.
+// The backward's N-major B (Dx: w13 [E][2F][H] read with K = 2F; DGrad: w2 [E][H][F] with K = H):
+// (N, K, 1, E), boxes of (64, 64, 1, 1), one per 64 columns of a tile.
 CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n) {
-  const bool n_major = mode == Mode::Dx;
+  const bool n_major = kernels::gemm::b_n_major(mode);
   const int64_t halves = mode == Mode::Up ? 2 : 1;
   const int64_t inner = n_major ? p.n_dim : p.k_dim, outer = n_major ? p.k_dim : p.n_dim;
   const cuuint64_t dims[4] = {cuuint64_t(inner), cuuint64_t(outer), cuuint64_t(halves), cuuint64_t(experts)};
@@ -124,10 +124,16 @@ void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan
   fail("expert_gemm", "plan", "no compiled wgmma config has block_n " + std::to_string(block_n));
 }
 
-void launch_sm90_dx_gemm(const Params& p, int64_t max_blocks, int64_t experts, cudaStream_t stream) {
+void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, int64_t experts, cudaStream_t stream) {
   if (max_blocks == 0) return;
   constexpr int kBlockN = 256;
-  launch_instance<Mode::Dx, kBlockN, 4, false>(p, make_b_map(Mode::Dx, p, experts, kBlockN), max_blocks, stream);
+  const CUtensorMap b_map = make_b_map(mode, p, experts, kBlockN);
+  if (mode == Mode::Dx)
+    launch_instance<Mode::Dx, kBlockN, 4, false>(p, b_map, max_blocks, stream);
+  else if (mode == Mode::DGrad)
+    launch_instance<Mode::DGrad, kBlockN, 4, false>(p, b_map, max_blocks, stream);
+  else
+    fail("moe_backward", "plan", "the wgmma backward GEMMs are Dx and DGrad");
 }
 
 }  // namespace moekit::detail

@@ -2,9 +2,9 @@
 // fills the ring of stages for every tile its CTA takes, and claims and publishes those tiles.
 //
 // B = BN rows of the expert's weights by TMA (one 4-D box: Up takes BN/2 gate rows and the same
-// BN/2 up rows; Dx, N-major: a box of 64 columns by the 64 K rows per 64 columns). A = the tile's
-// 128 rows by cp.async, gathered through sorted_ids (Up: x row a/k; Down and Dx: row r in sorted
-// order), padding rows and the K tail zero-filled, written straight into
+// BN/2 up rows; Dx and DGrad, N-major: a box of 64 columns by the 64 K rows per 64 columns). A =
+// the tile's 128 rows by cp.async, gathered through sorted_ids (Up: x row a/k, DGrad: dy row a/k;
+// Down and Dx: row r in sorted order), padding rows and the K tail zero-filled, written straight into
 // the 128-byte swizzle wgmma reads. Each stage's "full" mbarrier completes when the TMA bytes have
 // landed and all 128 producer threads' cp.async have (cp.async.mbarrier.arrive.noinc).
 // FP8 (Cfg::kFp8): the same bytes (rows of 128 e4m3, addressed in 2-byte units: gemm/params.hpp),
@@ -63,7 +63,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       const int32_t id = p.sorted_ids[r];
       const bool ok = id < p.num_assign;
       // ids are non-negative int32: 32-bit division (a 64-bit one is a register-hungry call)
-      const int32_t src_row = M == Mode::Up ? (ok ? int32_t(uint32_t(id) / uint32_t(p.topk)) : 0) : r;
+      const int32_t src_row = a_by_token(M) ? (ok ? int32_t(uint32_t(id) / uint32_t(p.topk)) : 0) : r;
       src[i] = p.a + int64_t(src_row) * p.k_dim + chunk * 8;
       row_ok |= uint32_t(ok) << i;
       if constexpr (Cfg::kFp8)
@@ -92,7 +92,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       const int32_t k0 = kt * kBlockK;
       if (tma_thread) {
         ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes);
-        if constexpr (M == Mode::Dx) {
+        if constexpr (b_n_major(M)) {
           // N-major B: one box (b_row + 64j.., k0.., 0, expert) of 64 N values by 64 K rows per
           // panel (layout.hpp, mn_tile_offset); N past n_dim and K past k_dim read zeros.
 #pragma unroll
