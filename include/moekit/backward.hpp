@@ -85,9 +85,11 @@ struct BackwardPlan {
   int dw_splits = 1;    // split-K of dW2/dW13 over each expert's rows: FP32 partials, summed in order
   int gate_splits = 1;  // split-K over T of d_w_gate = d_logitsᵀ·x (RouterGrad::gate)
   int tile_rows = 16;   // rows of the backward's mma.sync tiles: 16, 64 or 128 (ragged_tile_rows)
-  // The D and dx GEMMs on the forward's wgmma kernel (128 x 256 tiles, W2 / W13 read N-major)
-  // instead of the mma.sync tile: block_m 128 only (dx: unsplit). plan_backward leaves them off
-  // until their GPU tests and measurements stand (tests turn them on).
+  // The recomputation of h, the D and the dx GEMMs on the forward's wgmma kernel (128 x 256 tiles;
+  // W2 / W13 read N-major for D and dx) instead of the mma.sync tile: block_m 128 only (h: with
+  // SavedActivations::recompute; dx: unsplit). plan_backward leaves them off until their GPU tests
+  // and measurements stand (tests turn them on).
+  bool h_wgmma = false;
   bool d_wgmma = false;
   bool dx_wgmma = false;
   std::string source;   // "forward:" + the forward plan's source

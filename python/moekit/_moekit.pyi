@@ -272,6 +272,9 @@ class BackwardPlan:
     def tile_rows(self) -> int: ...
 
     @property
+    def h_wgmma(self) -> bool: ...
+
+    @property
     def d_wgmma(self) -> bool: ...
 
     @property

@@ -94,6 +94,7 @@ void bind_backward(nb::module_& m) {
       .def_ro("dw_splits", &BackwardPlan::dw_splits)
       .def_ro("gate_splits", &BackwardPlan::gate_splits)
       .def_ro("tile_rows", &BackwardPlan::tile_rows)
+      .def_ro("h_wgmma", &BackwardPlan::h_wgmma)
       .def_ro("d_wgmma", &BackwardPlan::d_wgmma)
       .def_ro("dx_wgmma", &BackwardPlan::dx_wgmma)
       .def_prop_ro("up", [](const BackwardPlan& p) { return p.up.str(); })

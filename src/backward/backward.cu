@@ -100,9 +100,10 @@ struct DxGemm {
   static constexpr auto fn = kb::dx_gemm_kernel<BM>;
 };
 
-// The forward's wgmma kernel as a backward GEMM over the layout's 128-row blocks (plan.d_wgmma:
-// Mode::DGrad, D = dy·W2_e with the SwiGLU backward; plan.dx_wgmma: Mode::Dx, dx_rows = dh·W13_e):
-// B read N-major, the claim counter in the backward's workspace. `g` holds the mode's operands.
+// The forward's wgmma kernel as a backward GEMM over the layout's 128-row blocks (plan.h_wgmma:
+// Mode::UpH, h = x·W13_eᵀ; plan.d_wgmma: Mode::DGrad, D = dy·W2_e with the SwiGLU backward;
+// plan.dx_wgmma: Mode::Dx, dx_rows = dh·W13_e), the claim counter in the backward's workspace.
+// `g` holds the mode's operands.
 void launch_wgmma(kernels::gemm::Mode mode, const BackwardPlan& plan, const kb::Layout& L, const BackwardWorkspace& ws,
                   kernels::gemm::Params g, cudaStream_t stream) {
   g.sorted_ids = L.sorted_ids, g.block_expert = L.block_expert, g.num_rows_padded = L.num_rows_padded;
@@ -169,7 +170,14 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     p.b = w13, p.b_expert_stride = 2 * F * H;
     p.k_dim = H, p.n_dim = 2 * F, p.inter = F;
     p.h_out = ws.h.as<kb::bf16>();
-    launch_ragged<kb::Major::K, RecomputeH>("recompute_h_kernel", plan, 2 * F, 1, p, stream);
+    if (plan.h_wgmma) {
+      kernels::gemm::Params g{};
+      g.a = x, g.b = w13, g.out = p.h_out;
+      g.k_dim = H, g.n_dim = F, g.b_expert_stride = 2 * F * H;
+      launch_wgmma(kernels::gemm::Mode::UpH, plan, layout, ws, g, stream);
+    } else {
+      launch_ragged<kb::Major::K, RecomputeH>("recompute_h_kernel", plan, 2 * F, 1, p, stream);
+    }
   }
 
   // 2. D = dy·W2_e and its epilogue.

@@ -30,8 +30,9 @@ void launch_mma_sync_gemm(kernels::gemm::Mode mode, const GemmConfig& config, co
 // (the weights' 4-D TMA view) and max_blocks (the grid bound).
 void launch_sm90_expert_gemm(kernels::gemm::Mode mode, const kernels::gemm::Params& p, const ForwardPlan& plan,
                              cudaStream_t stream, int block_n);
-// The backward's GEMMs on the same kernel (Mode::Dx, Mode::DGrad): 128 x 256 tiles, 4 stages, over a
-// layout of block_m 128 with max_blocks blocks, B the `experts` experts' weights (N-major TMA view).
+// The backward's GEMMs on the same kernel (Mode::Dx, DGrad, UpH): 128 x 256 tiles, 4 stages, over a
+// layout of block_m 128 with max_blocks blocks, B the `experts` experts' weights (Dx, DGrad:
+// N-major TMA view; UpH: Up's).
 void launch_sm90_backward_gemm(kernels::gemm::Mode mode, const kernels::gemm::Params& p, int64_t max_blocks,
                                int64_t experts, cudaStream_t stream);
 

@@ -16,10 +16,15 @@ namespace moekit::kernels::gemm {
 //   Dx    — dx_rows = dh·W13_e: Down's sorted A rows, B = W13_e [2F, H], no routing weight, stored
 //           to row a = sorted_ids[r];
 //   DGrad — D = dy·W2_e: Up's token gather of dy, B = W2_e [H, F], and the SwiGLU backward in the
-//           epilogue (the Params' h, dh, act_w, dw_partials).
-enum class Mode { Up, Down, Dx, DGrad };
+//           epilogue (the Params' h, dh, act_w, dw_partials);
+// and, with B K-major as Up's:
+//   UpH   — the recomputation of h = x·W13_eᵀ: Up's gather and paired gate/up B, g and u stored
+//           as they are to h [max_rows, 2F] (out, row stride 2F) in sorted order.
+enum class Mode { Up, Down, Dx, DGrad, UpH };
 // A rows gathered by token (x, dy: row a / k), else the sorted row itself.
-MK_HD constexpr bool a_by_token(Mode m) { return m == Mode::Up || m == Mode::DGrad; }
+MK_HD constexpr bool a_by_token(Mode m) { return m == Mode::Up || m == Mode::DGrad || m == Mode::UpH; }
+// B = a tile's gate rows and the same up rows of w13 (one act column per pair).
+MK_HD constexpr bool pairs_gate_up(Mode m) { return m == Mode::Up || m == Mode::UpH; }
 // B read N-major (the backward's modes), else K-major.
 MK_HD constexpr bool b_n_major(Mode m) { return m == Mode::Dx || m == Mode::DGrad; }
 
@@ -62,8 +67,8 @@ struct Params {
   float* dw_partials;
 };
 
-// Output columns of a tile of `block_n` B rows: Up pairs block_n/2 gate rows with the same
-// block_n/2 up rows, so it produces block_n/2 act columns.
-MK_HD constexpr int cols_per_tile(Mode m, int block_n) { return m == Mode::Up ? block_n / 2 : block_n; }
+// Output columns of a tile of `block_n` B rows: Up (and UpH) pairs block_n/2 gate rows with the
+// same block_n/2 up rows, so it produces block_n/2 act columns (UpH: their g and u).
+MK_HD constexpr int cols_per_tile(Mode m, int block_n) { return pairs_gate_up(m) ? block_n / 2 : block_n; }
 
 }  // namespace moekit::kernels::gemm

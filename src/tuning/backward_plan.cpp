@@ -99,6 +99,9 @@ void expect_backward_plan(const BackwardPlan& p, const char* entry) {
   if (p.dx_splits > 1 && p.dx.kernel != GemmKernel::mma_sync)
     fail(entry, "plan", "dx_splits > 1 needs an mma_sync dx config (the wgmma GEMMs write whole rows): make plans with plan_backward");
   expect_splits(entry, "dw_splits", p.dw_splits, kMaxWeightGradSplits);
+  if (p.h_wgmma && (p.block_m != 128 || p.options.saved != SavedActivations::recompute))
+    fail(entry, "plan", "h_wgmma needs block_m 128 and SavedActivations::recompute (got block_m " +
+                            std::to_string(p.block_m) + "): make plans with plan_backward");
   if (p.d_wgmma && p.block_m != 128)
     fail(entry, "plan", "d_wgmma needs block_m 128 (got " + std::to_string(p.block_m) + "): make plans with plan_backward");
   if (p.dx_wgmma && (p.block_m != 128 || p.dx_splits != 1 || !p.options.input_grad))
@@ -135,7 +138,8 @@ std::string BackwardPlan::str() const {
          "n" + std::to_string(ragged_tile_cols()) + " from:" +
          (o.saved == SavedActivations::recompute ? " up=" + up.str() : "") + " d=" + d.str() +
          (o.input_grad ? " dx=" + dx.str() : "") + (dx_splits > 1 ? " dx_splits=" + std::to_string(dx_splits) : "") +
-         (d_wgmma ? " d_gemm=wgmma-m128n256" : "") + (dx_wgmma ? " dx_gemm=wgmma-m128n256" : "") +
+         (h_wgmma ? " h_gemm=wgmma-m128n256" : "") + (d_wgmma ? " d_gemm=wgmma-m128n256" : "") +
+         (dx_wgmma ? " dx_gemm=wgmma-m128n256" : "") +
          (dw_splits > 1 ? " dw_splits=" + std::to_string(dw_splits) : "") +
          (gate_splits > 1 ? " gate_splits=" + std::to_string(gate_splits) : "") + " source=" + source;
 }

@@ -330,6 +330,17 @@ TEST(PlanBackward, WgmmaGemmsAreOffAndOnlyValidAtBlockM128) {
   decode.dx_wgmma = false;
   decode.d_wgmma = true;
   EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(decode, "moe_backward"); }, "plan"));
+  decode.d_wgmma = false;
+  decode.h_wgmma = true;
+  EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(decode, "moe_backward"); }, "plan"));
+  BackwardOptions saved = every_grad();
+  saved.saved = SavedActivations::h;
+  BackwardPlan given_h = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, saved);
+  given_h.h_wgmma = true;  // nothing to recompute
+  EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(given_h, "moe_backward"); }, "plan"));
+  prefill.h_wgmma = true;
+  EXPECT_NO_THROW(detail::expect_backward_plan(prefill, "moe_backward"));
+  EXPECT_NE(prefill.str().find(" h_gemm=wgmma-m128n256 d_gemm="), std::string::npos) << prefill.str();
   BackwardOptions no_dx = every_grad();
   no_dx.input_grad = false;
   BackwardPlan weights_only = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, no_dx);

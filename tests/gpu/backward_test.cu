@@ -202,8 +202,8 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
   }
 }
 
-// The D and dx GEMMs on the wgmma kernel (Mode::DGrad, Mode::Dx: W2 and W13 read N-major through
-// their own TMA boxes and descriptor), each alone and both: against the oracle at partial tiles
+// The recomputation of h, the D and the dx GEMMs on the wgmma kernel (Mode::UpH; Mode::DGrad and
+// Mode::Dx, W2 and W13 read N-major through their own TMA boxes and descriptor), each alone and all: against the oracle at partial tiles
 // (F = 328: 256 + 72 columns and a partial ⟨D, act⟩ group; H = 576: 256 + 256 + 64; K tails of
 // 2F = 656) and many tiles a CTA, bitwise the same run to run, and within the bounds of the
 // mma.sync path (the two sum in different orders; what neither GEMM touches is bitwise equal).
@@ -216,18 +216,20 @@ TEST_F(BackwardTest, RaggedGemmsOnWgmma) {
   const Case c = make_case(s, rng, RouterGrad::gate, softmax_renorm());
   BackwardRun mma_sync(forward_plan(s, 128), o, c, stream, rng);
   const Outputs base = mma_sync.run(stream);
-  for (const PlanOverride over : {PlanOverride{0, true, false}, PlanOverride{0, false, true}, PlanOverride{0, true, true}}) {
+  for (const PlanOverride over : {PlanOverride{0, true, false}, PlanOverride{0, false, true},
+                                  PlanOverride{0, false, false, true}, PlanOverride{0, true, true, true}}) {
     BackwardRun run(forward_plan(s, 128), o, c, stream, rng, true, over);
     SCOPED_TRACE(run.plan.str());
-    ASSERT_TRUE(run.plan.d_wgmma == over.d_wgmma && run.plan.dx_wgmma == over.dx_wgmma);
+    ASSERT_TRUE(run.plan.d_wgmma == over.d_wgmma && run.plan.dx_wgmma == over.dx_wgmma &&
+                run.plan.h_wgmma == over.h_wgmma);
     const Outputs first = run.run(stream);
     check_outputs(run, first);
     for (int i = 0; i < 2; ++i) ASSERT_TRUE(run.run(stream) == first) << "run " << i << " differs";
     report_error("dx against mma.sync", ref::rel_norm_error(to_double(first.dx), to_double(base.dx)), 2 * kDxTol);
-    if (!over.d_wgmma)
+    if (!over.d_wgmma && !over.h_wgmma)
       EXPECT_TRUE(first.dw13 == base.dw13 && first.dw2 == base.dw2 && first.d_topk == base.d_topk &&
                   first.d_w_gate == base.d_w_gate)
-          << "with D on mma.sync, only dx's GEMM differs";
+          << "with h and D on mma.sync, only dx's GEMM differs";
   }
 }
 
@@ -296,7 +298,7 @@ TEST_F(BackwardTest, SixtyFourBitOffsets) {
       scale[i * size_t(k) + size_t(j)] = std::sqrt(s2);
     }
 
-  for (const PlanOverride over : {PlanOverride{}, PlanOverride{64, false, false}, PlanOverride{0, true, true}}) {
+  for (const PlanOverride over : {PlanOverride{}, PlanOverride{64, false, false}, PlanOverride{0, true, true, true}}) {
     BackwardRun run(forward_plan(s), options(SavedActivations::recompute), c, stream, rng, true, over);
     SCOPED_TRACE(run.plan.str());
     const Outputs out = run.run(stream);

@@ -150,20 +150,23 @@ struct Outputs {
 
 // Kernel choices a test makes instead of the planner, each where the plan allows it: the mma.sync
 // tile's rows (BackwardPlan::tile_rows; 0 keeps the planner's) where they divide block_m, and the
-// D and dx GEMMs on the wgmma kernel (d_wgmma, dx_wgmma) where block_m is 128 (dx: unsplit).
+// recomputation of h and the D and dx GEMMs on the wgmma kernel (h_wgmma, d_wgmma, dx_wgmma) where
+// block_m is 128 (h: recomputed; dx: unsplit).
 struct PlanOverride {
   int tile_rows = 0;
   bool d_wgmma = false;
   bool dx_wgmma = false;
+  bool h_wgmma = false;
   void apply(BackwardPlan& p) const {
     if (tile_rows && p.block_m % tile_rows == 0) p.tile_rows = tile_rows;
+    if (h_wgmma && p.block_m == 128 && p.options.saved == SavedActivations::recompute) p.h_wgmma = true;
     if (d_wgmma && p.block_m == 128) p.d_wgmma = true;
     if (dx_wgmma && p.block_m == 128 && p.dx_splits == 1 && p.options.input_grad) p.dx_wgmma = true;
   }
 };
-// The planner's kernels, the 128 x 256 mma.sync tile, and D and dx on wgmma.
+// The planner's kernels, the 128 x 256 mma.sync tile, and h, D and dx on wgmma.
 inline const PlanOverride kPlanVariants[] = {PlanOverride{}, PlanOverride{128, false, false},
-                                             PlanOverride{0, true, true}};
+                                             PlanOverride{0, true, true, true}};
 
 // The device side of one case: inputs, the forward's layout (align on the device), the outputs and
 // a workspace, and moe_backward over them.

@@ -98,9 +98,13 @@ int main(int argc, char** argv) {
                         "decode rows per (source, destination) message; 0: T*min(k, S), never overflows")
       ->capture_default_str()
       ->check(whole_number(0, moekit::cli::kMaxTokensFlag));
-  bench_cmd->add_flag("--backward", bench.backward,
+  CLI::Option* backward_flag = bench_cmd->add_flag("--backward", bench.backward,
                       "time the bf16 backward instead (moe_backward: h recomputed, the router's gate gradient, dx and "
                       "dW), its forward + backward as one graph, and a cuBLAS loop of its GEMMs");
+  bench_cmd->add_flag("--backward-wgmma", bench.backward_wgmma,
+                      "with --backward: run its h, D and dx GEMMs on the wgmma kernel where the layout's block_m is 128 "
+                      "(BackwardPlan::h_wgmma, d_wgmma, dx_wgmma; plan_backward does not choose them yet)")
+      ->needs(backward_flag);
 
   moekit::cli::CheckArgs check;
   CLI::App* check_cmd = app.add_subcommand(

@@ -110,6 +110,38 @@ struct Epilogue<Mode::Dx, Cfg> {
   }
 };
 
+// UpH (the backward's recomputed h, n_dim = F): the tile's gate accumulators to h's g columns
+// [n0, +BN/2) and its up accumulators to the u columns F + [n0, +BN/2) of the sorted row (row
+// stride 2F), as the quad transpose lays them out for 16-byte stores.
+template <class Cfg>
+struct Epilogue<Mode::UpH, Cfg> {
+  static constexpr int kOutBlocks = cols_per_tile(Mode::UpH, Cfg::kBlockN) / 8;  // n8 blocks of g (and of u)
+  __device__ __forceinline__ void load_row_data(const Params&, const int32_t (&)[2]) {}
+  __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
+  __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
+                                        int32_t out_row, int32_t n0, int lane) const {
+    const int q = lane & 3;
+    const int64_t F = p.n_dim;
+    auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // g, then u
+      __nv_bfloat16* row = p.out + int64_t(out_row) * 2 * F + half * F;
+#pragma unroll
+      for (int g = 0; g < kOutBlocks / 4; ++g) {
+        uint32_t x[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int v = epi_acc(g, i, h) + half * 4 * kOutBlocks;  // up's blocks follow gate's
+          x[i] = pack_bf16x2(acc[v], acc[v + 1]);
+        }
+        quad_transpose(x, q, shfl);
+        const int64_t n = n0 + epi_store_col(g, q);
+        if (id < p.num_assign && n < F) *reinterpret_cast<uint4*>(row + n) = make_uint4(x[0], x[1], x[2], x[3]);
+      }
+    }
+  }
+};
+
 // DGrad (the backward's D = dy·W2_e, n_dim = F): per element the SwiGLU backward from h's g and u
 // and the routing weight; dh and act_w stored to the sorted row as bf16 pairs, and each row's
 // ⟨D, act⟩ over each 64-column group (the thread's 16 columns of the group in order, then its lane

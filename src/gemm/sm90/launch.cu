@@ -50,7 +50,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // (N, K, 1, E), boxes of (64, 64, 1, 1), one per 64 columns of a tile.
 CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n) {
   const bool n_major = kernels::gemm::b_n_major(mode);
-  const int64_t halves = mode == Mode::Up ? 2 : 1;
+  const int64_t halves = kernels::gemm::pairs_gate_up(mode) ? 2 : 1;
   const int64_t inner = n_major ? p.n_dim : p.k_dim, outer = n_major ? p.k_dim : p.n_dim;
   const cuuint64_t dims[4] = {cuuint64_t(inner), cuuint64_t(outer), cuuint64_t(halves), cuuint64_t(experts)};
   const cuuint64_t row_bytes = cuuint64_t(inner) * 2;
@@ -132,8 +132,10 @@ void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, i
     launch_instance<Mode::Dx, kBlockN, 4, false>(p, b_map, max_blocks, stream);
   else if (mode == Mode::DGrad)
     launch_instance<Mode::DGrad, kBlockN, 4, false>(p, b_map, max_blocks, stream);
+  else if (mode == Mode::UpH)
+    launch_instance<Mode::UpH, kBlockN, 4, false>(p, b_map, max_blocks, stream);
   else
-    fail("moe_backward", "plan", "the wgmma backward GEMMs are Dx and DGrad");
+    fail("moe_backward", "plan", "the wgmma backward GEMMs are Dx, DGrad and UpH");
 }
 
 }  // namespace moekit::detail
