@@ -233,6 +233,43 @@ TEST_F(BackwardTest, RaggedGemmsOnWgmma) {
   }
 }
 
+// The whole backward captured once (global mode: a sync or allocation inside fails) and replayed
+// on new dy in the same buffers: each replay matches the oracle and an eager run, bitwise.
+TEST_F(BackwardTest, CudaGraphCaptureAndReplay) {
+  struct Variant {
+    int64_t T;
+    PlanOverride over;
+  };
+  // The 16-row and the 64-row kernels, the 128 x 256 tile, and h, D and dx on wgmma (block_m 128 at
+  // T = 300).
+  for (const Variant v : {Variant{16, {}}, Variant{300, {}}, Variant{300, {128, false, false}},
+                          Variant{300, {0, true, true, true}}}) {
+    const int64_t T = v.T;
+    const uint64_t seed = fresh_seed();
+    const MoeShape s{T, 256, 128, 8, 2};
+    BackwardOptions o = options(SavedActivations::recompute, RouterGrad::gate);
+    SCOPED_TRACE(name_of(s, 0, o, seed));
+    std::mt19937_64 rng(seed);
+    BackwardRun run(forward_plan(s), o, make_case(s, rng, RouterGrad::gate, softmax_renorm()), stream, rng, true,
+                    v.over);
+    SCOPED_TRACE(run.plan.str());
+    if (v.over.dx_wgmma)
+      ASSERT_TRUE(run.plan.h_wgmma && run.plan.d_wgmma && run.plan.dx_wgmma) << "T = 300 has block_m 128";
+    run.run(stream);  // one eager call first, as for every captured moekit entry
+    const CapturedGraph graph(stream, [&] { run.enqueue(stream); });
+    for (int replay = 0; replay < 2; ++replay) {
+      run.c.dy = random_bf16(run.c.dy.size(), rng);
+      run.dy.upload(run.c.dy);
+      run.poison();
+      graph.launch(stream);
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const Outputs replayed = run.download();
+      check_outputs(run, replayed);
+      ASSERT_TRUE(run.run(stream) == replayed) << "replay " << replay << " differs from an eager run";
+    }
+  }
+}
+
 // T = 0: nothing to route; the weights' gradients are exact zeros, or untouched when accumulated.
 TEST_F(BackwardTest, EmptyBatch) {
   std::mt19937_64 rng(fresh_seed());
