@@ -114,6 +114,11 @@ struct BackwardPlan {
 // validate it) on `device` (a Hopper), with `options` (checked: their errors name
 // 'options.<field>'). Pure host code.
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options = {});
+// Turns on each of the backward's GEMMs on the wgmma kernel asked for (h_wgmma, d_wgmma, dx_wgmma)
+// where `plan` allows it, as moe_backward validates it: block_m 128, h recomputed, dx computed
+// unsplit; the rest stays as it was. plan_backward does not choose them yet (their GPU tests and
+// numbers are to come): `moekit bench --backward --backward-wgmma` and the GPU tests call this.
+void use_wgmma_gemms(BackwardPlan& plan, bool h = true, bool d = true, bool dx = true);
 
 // What the backward reads. The forward's intermediate tensors may be views into the forward's
 // workspace, which must then stay untouched until the backward has run (the backward's own

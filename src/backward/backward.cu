@@ -13,9 +13,6 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <cstdint>
-#include <mutex>
-#include <set>
-#include <utility>
 
 #include "backward/params.hpp"
 #include "backward/ragged.cuh"
@@ -25,6 +22,7 @@
 #include "backward/weight_grad.cuh"
 #include "common/cuda_check.hpp"
 #include "common/launch.hpp"
+#include "common/per_device.hpp"
 #include "gemm/launch.hpp"
 #include "gemm/params.hpp"
 #include "moekit/backward.hpp"
@@ -41,64 +39,44 @@ static_assert(kb::kExpertsPerLane * 32 >= kMaxExperts, "the router's warp holds 
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// A kernel with its tile's launch geometry.
+// A kernel with its tile's launch geometry. Made at launch: the first one on a device raises the
+// kernel's shared-memory limit (the 128-row tile's 192 KiB needs the opt-in), once per kernel and
+// device as every launcher here does (common/per_device.hpp).
 template <class P>
 struct TiledKernel {
   void (*fn)(P);
   int bm, bn, threads;
   size_t smem;
 };
-template <class Cfg, class P>
-TiledKernel<P> tiled(void (*fn)(P)) {
-  return {fn, Cfg::BM, Cfg::BN, Cfg::kThreads, Cfg::kSmemBytes};
-}
-
-// The opt-in to more than 48 KiB of dynamic shared memory, once per kernel and device.
-void opt_in_smem(const void* fn, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  static std::mutex mutex;
-  static std::set<std::pair<int, const void*>> done;
-  int device = 0;
-  MK_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (done.count({device, fn})) return;
-  MK_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  done.insert({device, fn});
+template <class Cfg, auto Kernel>
+auto tiled() {
+  static detail::PerDevice<bool> opted_in;
+  opted_in.get([](int) {
+    if (Cfg::kSmemBytes > 48 * 1024)
+      MK_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
+    return true;
+  });
+  return TiledKernel{Kernel, Cfg::BM, Cfg::BN, Cfg::kThreads, Cfg::kSmemBytes};
 }
 
 template <class P>
 void launch_tiled(const char* name, const TiledKernel<P>& k, dim3 grid, const P& p, cudaStream_t stream) {
-  opt_in_smem(reinterpret_cast<const void*>(k.fn), k.smem);
   launch_pdl(name, k.fn, grid, dim3(unsigned(k.threads)), k.smem, stream, p);
 }
 
 // The kernels' row block (BackwardPlan::ragged_tile_rows): 16 rows for the decode layouts
 // (block_m 16 and 32), 64 for block_m 64, 128 (the 128 x 256 tile) for block_m 128; each lies
 // inside one layout block, so it has one expert. n_dim: the output columns the tiles cover.
-template <kb::Major B, template <int> class Kernel>
+template <kb::Major B, auto K16, auto K64, auto K128>
 void launch_ragged(const char* name, const BackwardPlan& plan, int64_t n_dim, int splits, const kb::RaggedParams& p,
                    cudaStream_t stream) {
   const int bm = plan.ragged_tile_rows();
-  const TiledKernel<kb::RaggedParams> k =
-      bm == 16   ? tiled<kb::RaggedTile<16, B>>(Kernel<16>::fn)
-      : bm == 64 ? tiled<kb::RaggedTile<64, B>>(Kernel<64>::fn)
-                 : tiled<kb::RaggedTile<128, B>>(Kernel<128>::fn);
+  const TiledKernel<kb::RaggedParams> k = bm == 16   ? tiled<kb::RaggedTile<16, B>, K16>()
+                                          : bm == 64 ? tiled<kb::RaggedTile<64, B>, K64>()
+                                                     : tiled<kb::RaggedTile<128, B>, K128>();
   launch_tiled(name, k, dim3(unsigned(plan.max_rows() / k.bm), unsigned(cdiv(n_dim, k.bn)), unsigned(splits)), p,
                stream);
 }
-// The kernel templates as launch_ragged's Kernel<BM>::fn.
-template <int BM>
-struct RecomputeH {
-  static constexpr auto fn = kb::recompute_h_kernel<BM>;
-};
-template <int BM>
-struct DGemm {
-  static constexpr auto fn = kb::d_gemm_kernel<BM>;
-};
-template <int BM>
-struct DxGemm {
-  static constexpr auto fn = kb::dx_gemm_kernel<BM>;
-};
 
 // The forward's wgmma kernel as a backward GEMM over the layout's 128-row blocks (plan.h_wgmma:
 // Mode::UpH, h = x·W13_eᵀ; plan.d_wgmma: Mode::DGrad, D = dy·W2_e with the SwiGLU backward;
@@ -176,7 +154,8 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
       g.k_dim = H, g.n_dim = F, g.b_expert_stride = 2 * F * H;
       launch_wgmma(kernels::gemm::Mode::UpH, plan, layout, ws, g, stream);
     } else {
-      launch_ragged<kb::Major::K, RecomputeH>("recompute_h_kernel", plan, 2 * F, 1, p, stream);
+      launch_ragged<kb::Major::K, kb::recompute_h_kernel<16>, kb::recompute_h_kernel<64>, kb::recompute_h_kernel<128>>(
+          "recompute_h_kernel", plan, 2 * F, 1, p, stream);
     }
   }
 
@@ -200,7 +179,8 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
       g.h = p.h, g.dh = p.dh, g.act_w = p.act_w, g.dw_partials = p.dw_partials;
       launch_wgmma(kernels::gemm::Mode::DGrad, plan, layout, ws, g, stream);
     } else {
-      launch_ragged<kb::Major::MN, DGemm>("d_gemm_kernel", plan, F, 1, p, stream);
+      launch_ragged<kb::Major::MN, kb::d_gemm_kernel<16>, kb::d_gemm_kernel<64>, kb::d_gemm_kernel<128>>(
+          "d_gemm_kernel", plan, F, 1, p, stream);
     }
   }
 
@@ -267,7 +247,8 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
       g.k_dim = 2 * F, g.n_dim = H, g.b_expert_stride = 2 * F * H;
       launch_wgmma(kernels::gemm::Mode::Dx, plan, layout, ws, g, stream);
     } else {
-      launch_ragged<kb::Major::MN, DxGemm>("dx_gemm_kernel", plan, H, plan.dx_splits, p, stream);
+      launch_ragged<kb::Major::MN, kb::dx_gemm_kernel<16>, kb::dx_gemm_kernel<64>, kb::dx_gemm_kernel<128>>(
+          "dx_gemm_kernel", plan, H, plan.dx_splits, p, stream);
     }
     kb::DxCombineParams c{};
     c.dx_rows = ws.dx_rows.as<const kb::bf16>();
@@ -296,9 +277,9 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     // dW2_e [H, F] = Σ_r dy_tᵀ·act_w[r]: M = H from dy by token, N = F from act_w.
     p.a = kb::SortedOperand{dy, H, true};
     p.b = kb::SortedOperand{ws.act_w.as<const kb::bf16>(), F, false};
-    const TiledKernel<kb::WeightGradParams> wk =
-        plan.ragged_tile_rows() == 128 ? tiled<kb::WeightTile<128>>(kb::weight_grad_kernel<128>)
-                                       : tiled<kb::WeightTile<64>>(kb::weight_grad_kernel<64>);
+    const TiledKernel<kb::WeightGradParams> wk = plan.ragged_tile_rows() == 128
+                                                     ? tiled<kb::WeightTile<128>, kb::weight_grad_kernel<128>>()
+                                                     : tiled<kb::WeightTile<64>, kb::weight_grad_kernel<64>>();
     auto weight_grid = [&](int64_t rows, int64_t cols) {
       return dim3(unsigned(cdiv(rows, wk.bm) * cdiv(cols, wk.bn)), unsigned(E), unsigned(S));
     };

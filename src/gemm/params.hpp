@@ -33,17 +33,18 @@ MK_HD constexpr bool b_n_major(Mode m) { return m == Mode::Dx || m == Mode::DGra
 // expert's bytes / 2); one K-tile of 64 units is one 128-deep scale block. out of Up holds e4m3
 // act (bytes); n_dim counts elements in both precisions.
 struct Params {
-  const __nv_bfloat16* a;        // Up: x [T, H]; Down: act [max_rows, F]; Dx: dh [max_rows, 2F]
-  const __nv_bfloat16* b;        // Up: w13 [E, 2F, H]; Down: w2 [E, H, F]; Dx: w13
-  __nv_bfloat16* out;            // Up: act [max_rows, F]; Down: y_rows [T*k, H]; Dx: dx_rows [T*k, H]
-  const float* topk_weights;     // [T*k] (Down)
+  const __nv_bfloat16* a;        // Up, UpH: x [T, H]; Down: act [max_rows, F]; Dx: dh [max_rows, 2F]; DGrad: dy [T, H]
+  const __nv_bfloat16* b;        // Up, UpH, Dx: w13 [E, 2F, H]; Down, DGrad: w2 [E, H, F]
+  __nv_bfloat16* out;            // Up: act [max_rows, F]; Down: y_rows [T*k, H]; Dx: dx_rows [T*k, H];
+                                 // UpH: h [max_rows, 2F]; DGrad: unused (h, dh, act_w below)
+  const float* topk_weights;     // [T*k] (Down, DGrad)
   const int32_t* sorted_ids;     // [max_rows]
   const int32_t* block_expert;   // [max_blocks]
   const int32_t* num_rows_padded;
   int32_t* tile_counter;         // [1]: the wgmma kernel's claimed work items (ws.gemm_counter)
   int64_t num_assign;            // T*k: the padding sentinel
-  int64_t k_dim;                 // reduction length: H (Up), F (Down) or 2F (Dx)
-  int64_t n_dim;                 // output columns: F (Up) or H (Down, Dx)
+  int64_t k_dim;                 // reduction length: H (Up, UpH, DGrad), F (Down) or 2F (Dx)
+  int64_t n_dim;                 // output columns: F (Up, UpH, DGrad) or H (Down, Dx)
   int64_t b_expert_stride;       // elements per expert in b
   int64_t n_tiles;               // column tiles: ceil(n_dim / cols_per_tile)
   int topk;

@@ -144,6 +144,13 @@ std::string BackwardPlan::str() const {
          (gate_splits > 1 ? " gate_splits=" + std::to_string(gate_splits) : "") + " source=" + source;
 }
 
+void use_wgmma_gemms(BackwardPlan& p, bool h, bool d, bool dx) {
+  if (p.block_m != 128) return;
+  p.h_wgmma = p.h_wgmma || (h && p.options.saved == SavedActivations::recompute);
+  p.d_wgmma = p.d_wgmma || d;
+  p.dx_wgmma = p.dx_wgmma || (dx && p.dx_splits == 1 && p.options.input_grad);
+}
+
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options) {
   constexpr const char* kEntry = "plan_backward";
   detail::expect_hopper(device, kEntry);

@@ -346,6 +346,15 @@ TEST(PlanBackward, WgmmaGemmsAreOffAndOnlyValidAtBlockM128) {
   BackwardPlan weights_only = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, no_dx);
   weights_only.dx_wgmma = true;
   EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(weights_only, "moe_backward"); }, "plan"));
+  // use_wgmma_gemms turns on what each plan allows, nothing it does not.
+  for (BackwardPlan* p : {&decode, &given_h, &weights_only}) {
+    p->h_wgmma = p->d_wgmma = p->dx_wgmma = false;
+    use_wgmma_gemms(*p);
+    EXPECT_NO_THROW(detail::expect_backward_plan(*p, "moe_backward")) << p->str();
+  }
+  EXPECT_FALSE(decode.h_wgmma || decode.d_wgmma || decode.dx_wgmma) << "block_m below 128";
+  EXPECT_TRUE(!given_h.h_wgmma && given_h.d_wgmma && given_h.dx_wgmma) << "h given: nothing to recompute";
+  EXPECT_TRUE(weights_only.h_wgmma && weights_only.d_wgmma && !weights_only.dx_wgmma) << "no dx";
 }
 
 }  // namespace

@@ -321,19 +321,8 @@ TEST_F(BackwardTest, SixtyFourBitOffsets) {
   // ‖D ⊙ act‖ of the sampled tokens' assignments: the scale of d_topk_weights' rounding error.
   std::vector<double> scale(sampled.size() * size_t(k));
   for (size_t i = 0; i < sampled.size(); ++i)
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t t = sampled[i], e = c.ids[size_t(t * k + j)];
-      const std::vector<double> gu = gate_up(c, t, e);
-      double s2 = 0;
-      for (int64_t f = 0; f < F; ++f) {
-        double d = 0;
-        for (int64_t h = 0; h < H; ++h)
-          d += double(ref::to_float(c.dy[size_t(t * H + h)])) * ref::to_float(c.w2[size_t((e * H + h) * F + f)]);
-        const double g = gu[size_t(f)], act = g / (1.0 + std::exp(-g)) * gu[size_t(F + f)];
-        s2 += d * act * d * act;
-      }
-      scale[i * size_t(k) + size_t(j)] = std::sqrt(s2);
-    }
+    for (int64_t j = 0; j < k; ++j)
+      scale[i * size_t(k) + size_t(j)] = dw_term_scale(c, sampled[i], c.ids[size_t(sampled[i] * k + j)]);
 
   for (const PlanOverride over : {PlanOverride{}, PlanOverride{64, false, false}, PlanOverride{0, true, true, true}}) {
     BackwardRun run(forward_plan(s), options(SavedActivations::recompute), c, stream, rng, true, over);

@@ -105,23 +105,28 @@ inline std::vector<double> gate_up(const Case& c, int64_t t, int64_t e) {
   return gu;
 }
 
-// ‖D ⊙ act‖ of each assignment (0 for an id outside [0, E)): the scale of dw's rounding error.
+// ‖D ⊙ act‖ of token t through expert e: the scale of its dw's rounding error.
+inline double dw_term_scale(const Case& c, int64_t t, int64_t e) {
+  const int64_t H = c.s.hidden, F = c.s.inter;
+  const std::vector<double> gu = gate_up(c, t, e);
+  double s2 = 0;
+  for (int64_t f = 0; f < F; ++f) {
+    double d = 0;
+    for (int64_t i = 0; i < H; ++i)
+      d += double(ref::to_float(c.dy[size_t(t * H + i)])) * ref::to_float(c.w2[size_t((e * H + i) * F + f)]);
+    const double g = gu[size_t(f)], act = g / (1.0 + std::exp(-g)) * gu[size_t(F + f)];
+    s2 += d * act * d * act;
+  }
+  return std::sqrt(s2);
+}
+
+// That of each assignment (0 for an id outside [0, E)).
 inline std::vector<double> dw_term_scale(const Case& c) {
-  const int64_t H = c.s.hidden, F = c.s.inter, E = c.s.experts, k = c.s.topk;
+  const int64_t E = c.s.experts, k = c.s.topk;
   std::vector<double> scale(c.ids.size(), 0.0);
   ref::parallel_for(int64_t(c.ids.size()), [&](int64_t a) {
-    const int64_t t = a / k, e = c.ids[size_t(a)];
-    if (e < 0 || e >= E) return;
-    const std::vector<double> gu = gate_up(c, t, e);
-    double s2 = 0;
-    for (int64_t f = 0; f < F; ++f) {
-      double d = 0;
-      for (int64_t i = 0; i < H; ++i)
-        d += double(ref::to_float(c.dy[size_t(t * H + i)])) * ref::to_float(c.w2[size_t((e * H + i) * F + f)]);
-      const double g = gu[size_t(f)], act = g / (1.0 + std::exp(-g)) * gu[size_t(F + f)];
-      s2 += d * act * d * act;
-    }
-    scale[size_t(a)] = std::sqrt(s2);
+    const int64_t e = c.ids[size_t(a)];
+    if (e >= 0 && e < E) scale[size_t(a)] = dw_term_scale(c, a / k, e);
   });
   return scale;
 }
@@ -159,9 +164,7 @@ struct PlanOverride {
   bool h_wgmma = false;
   void apply(BackwardPlan& p) const {
     if (tile_rows && p.block_m % tile_rows == 0) p.tile_rows = tile_rows;
-    if (h_wgmma && p.block_m == 128 && p.options.saved == SavedActivations::recompute) p.h_wgmma = true;
-    if (d_wgmma && p.block_m == 128) p.d_wgmma = true;
-    if (dx_wgmma && p.block_m == 128 && p.dx_splits == 1 && p.options.input_grad) p.dx_wgmma = true;
+    use_wgmma_gemms(p, h_wgmma, d_wgmma, dx_wgmma);
   }
 };
 // The planner's kernels, the 128 x 256 mma.sync tile, and h, D and dx on wgmma.

@@ -42,7 +42,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// The weights as a 4-D tensor (K innermost, but for Dx): Up w13 [E][2][F][H] viewed as (H, F, 2, E), so one
+// The weights as a 4-D tensor (K innermost, but for Dx and DGrad): Up (and UpH) w13 [E][2][F][H] viewed as (H, F, 2, E), so one
 // box of (64, BN/2, 2, 1) brings BN/2 gate rows and the same BN/2 up rows, gate first; Down w2
 // [E][H][F] as (F, H, 1, E) with boxes (64, BN, 1, 1). Rows past F (or H) and K past k_dim are
 // outside the tensor: TMA fills them with zeros instead of reading the next expert.

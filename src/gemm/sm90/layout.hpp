@@ -42,7 +42,7 @@ MK_HD constexpr uint64_t make_desc_k_sw128(uint32_t smem_addr) {
   return desc_encode(smem_addr) | (desc_encode(16) << 16) | (desc_encode(kSwizzleAtomBytes) << 32) |
          (kDescSwizzle128B << 62);
 }
-// N-major bf16 tile (the Dx GEMM's B, imm-trans-b = 1), 128B-swizzled, as the producer stores it:
+// N-major bf16 tile (the Dx and DGrad GEMMs' B, imm-trans-b = 1), 128B-swizzled, as the producer stores it:
 // BN / 64 panels of [64 K rows][64 N values] (one TMA box each, kMnPanelBytes apart), each K row
 // 128 bytes. The PTX ISA's canonical N-major layout with 128B swizzle, ((8, 8, n), (8, k)) :
 // ((1, 8, LBO), (64, SBO)) in elements, is that with LBO = the panel stride and SBO = 8 K rows.

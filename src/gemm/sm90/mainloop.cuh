@@ -28,7 +28,7 @@ __device__ __forceinline__ void release_stages(const Smem<Cfg>& sm, int32_t k_ti
   }
 }
 
-// kBNMajor: B is N-major (the Dx GEMM: make_desc_mn_sw128, imm-trans-b), its k16 slices 16 K rows apart.
+// kBNMajor: B is N-major (Dx, DGrad: make_desc_mn_sw128, imm-trans-b), its k16 slices 16 K rows apart.
 template <class Cfg, bool kBNMajor = false, class Hook>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                          uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,

@@ -147,7 +147,7 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 
 
 // D[64x256] (+)= A[64x16]·B[256x16]ᵀ, both from shared memory, f32 accumulators; A K-major, B
-// K-major (kTransB = 0) or N-major (1: imm-trans-b, the backward's Dx GEMM).
+// K-major (kTransB = 0) or N-major (1: imm-trans-b, the backward's Dx and DGrad GEMMs).
 template <int kTransB = 0>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   static_assert(kTransB == 0 || kTransB == 1, "imm-trans-b is 0 or 1");
