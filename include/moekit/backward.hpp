@@ -87,8 +87,7 @@ struct BackwardPlan {
   int tile_rows = 16;   // rows of the backward's mma.sync tiles: 16, 64 or 128 (ragged_tile_rows)
   // The recomputation of h, the D and the dx GEMMs on the forward's wgmma kernel (128 x 256 tiles;
   // W2 / W13 read N-major for D and dx) instead of the mma.sync tile: block_m 128 only (h: with
-  // SavedActivations::recompute; dx: unsplit). plan_backward leaves them off until their GPU tests
-  // and measurements stand (tests turn them on).
+  // SavedActivations::recompute; dx: unsplit). plan_backward turns on each that the plan allows.
   bool h_wgmma = false;
   bool d_wgmma = false;
   bool dx_wgmma = false;
@@ -114,10 +113,11 @@ struct BackwardPlan {
 // validate it) on `device` (a Hopper), with `options` (checked: their errors name
 // 'options.<field>'). Pure host code.
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options = {});
-// Turns on each of the backward's GEMMs on the wgmma kernel asked for (h_wgmma, d_wgmma, dx_wgmma)
+// Sets each of the backward's GEMMs on the wgmma kernel as asked (h_wgmma, d_wgmma, dx_wgmma)
 // where `plan` allows it, as moe_backward validates it: block_m 128, h recomputed, dx computed
-// unsplit; the rest stays as it was. plan_backward does not choose them yet (their GPU tests and
-// numbers are to come): `moekit bench --backward --backward-wgmma` and the GPU tests call this.
+// unsplit; the others run on the mma.sync tile. plan_backward calls it with all three;
+// use_wgmma_gemms(plan, false, false, false) is the mma.sync path (`moekit bench --backward
+// --backward-mma-sync`, the GPU tests' comparisons).
 void use_wgmma_gemms(BackwardPlan& plan, bool h = true, bool d = true, bool dx = true);
 
 // What the backward reads. The forward's intermediate tensors may be views into the forward's

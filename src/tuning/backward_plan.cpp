@@ -145,10 +145,10 @@ std::string BackwardPlan::str() const {
 }
 
 void use_wgmma_gemms(BackwardPlan& p, bool h, bool d, bool dx) {
-  if (p.block_m != 128) return;
-  p.h_wgmma = p.h_wgmma || (h && p.options.saved == SavedActivations::recompute);
-  p.d_wgmma = p.d_wgmma || d;
-  p.dx_wgmma = p.dx_wgmma || (dx && p.dx_splits == 1 && p.options.input_grad);
+  const bool wgmma = p.block_m == 128;
+  p.h_wgmma = wgmma && h && p.options.saved == SavedActivations::recompute;
+  p.d_wgmma = wgmma && d;
+  p.dx_wgmma = wgmma && dx && p.dx_splits == 1 && p.options.input_grad;
 }
 
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options) {
@@ -174,6 +174,9 @@ BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device,
   p.dw_splits = options.weight_grads ? tuning::plan_weight_grad_splits(forward.shape, device) : 1;
   p.gate_splits = options.router == RouterGrad::gate ? tuning::plan_gate_grad_splits(forward.shape, device) : 1;
   p.tile_rows = tuning::plan_backward_tile_rows(forward.shape, p.block_m);
+  // h, D and dx on the wgmma kernel wherever the layout allows it (block_m 128): faster than the
+  // mma.sync tile at every measured T (docs/perf/NOTES.md, "Backward").
+  use_wgmma_gemms(p);
   p.source = "forward:" + forward.source;
   return p;
 }

@@ -46,7 +46,7 @@ expect 3 "^moekit: error: --backward: the backward is bf16 only.*drop --dtype fp
 expect 3 "^moekit: error: --backward: .*drop --ep" bench --backward --ep 2
 expect 3 "^moekit: error: --backward: .*drop --ep" bench --preset deepseek-v3 --ep 1 --backward
 expect 3 "^moekit: error: --hidden: H must be a positive multiple of 8" bench --backward --hidden 100
-expect 3 "--backward-wgmma requires --backward" bench --backward-wgmma --preset mixtral-8x7b
+expect 3 "--backward-mma-sync requires --backward" bench --backward-mma-sync --preset mixtral-8x7b
 # Numbers (item 4): readable ranges, no DBL_MAX in full.
 expect 3 "^--tokens: expected a whole number in \[1, 2147483646\], got 0" bench --tokens 0
 expect 3 "^--tokens: expected a whole number in \[1, 2147483646\], got -5" bench --tokens -5

@@ -40,7 +40,7 @@ std::string name_of(const MoeShape& s, int block_m, const BackwardOptions& o, ui
 class BackwardTest : public GpuTest {
  protected:
   // check()'s kernel choices instead of the planner's where the plan allows them (PlanOverride;
-  // the planner takes the 128-row tile only from 1024 rows an expert, and dx on wgmma not yet).
+  // the planner takes the 128-row tile only from 1024 rows an expert).
   PlanOverride over_;
   void adversarial_routings();
   // One backward of a fresh case, checked; the run is returned for more checks.
@@ -73,8 +73,8 @@ RouterOptions sigmoid_grouped() {  // DeepSeek-V3's kind: sigmoid, 4 groups keep
 }
 
 TEST_F(BackwardTest, MatchesTheOracle) {
-  // Each case with the planner's kernels, then with the 128 x 256 tile, then with D and dx on
-  // wgmma, wherever block_m is 128.
+  // Each case with the planner's kernels (h, D and dx on wgmma wherever block_m is 128), then
+  // with every ragged GEMM on the mma.sync tile: the planner's rows, then 128 x 256.
   for (const PlanOverride over : kPlanVariants)
   for (SavedActivations saved : {SavedActivations::recompute, SavedActivations::h}) {
     over_ = over;
@@ -93,7 +93,7 @@ TEST_F(BackwardTest, MatchesTheOracle) {
 }
 
 TEST_F(BackwardTest, AdversarialRoutings) {
-  // The planner's kernels, the 128 x 256 tile, D and dx on wgmma (wherever block_m is 128).
+  // The planner's kernels (wgmma wherever block_m is 128), the mma.sync tile, the 128 x 256 tile.
   for (const PlanOverride over : kPlanVariants) {
     over_ = over;
     adversarial_routings();
@@ -214,10 +214,11 @@ TEST_F(BackwardTest, RaggedGemmsOnWgmma) {
   SCOPED_TRACE(name_of(s, 128, o, seed));
   std::mt19937_64 rng(seed);
   const Case c = make_case(s, rng, RouterGrad::gate, softmax_renorm());
-  BackwardRun mma_sync(forward_plan(s, 128), o, c, stream, rng);
+  BackwardRun mma_sync(forward_plan(s, 128), o, c, stream, rng, true, PlanOverride::mma_sync());
   const Outputs base = mma_sync.run(stream);
-  for (const PlanOverride over : {PlanOverride{0, true, false}, PlanOverride{0, false, true},
-                                  PlanOverride{0, false, false, true}, PlanOverride{0, true, true, true}}) {
+  // Each mode alone (D, dx, h), then all three: the planner's choice at block_m 128.
+  for (const PlanOverride over : {PlanOverride::wgmma(false, true, false), PlanOverride::wgmma(false, false, true),
+                                  PlanOverride::wgmma(true, false, false), PlanOverride::wgmma(true, true, true)}) {
     BackwardRun run(forward_plan(s, 128), o, c, stream, rng, true, over);
     SCOPED_TRACE(run.plan.str());
     ASSERT_TRUE(run.plan.d_wgmma == over.d_wgmma && run.plan.dx_wgmma == over.dx_wgmma &&
@@ -240,10 +241,10 @@ TEST_F(BackwardTest, CudaGraphCaptureAndReplay) {
     int64_t T;
     PlanOverride over;
   };
-  // The 16-row and the 64-row kernels, the 128 x 256 tile, and h, D and dx on wgmma (block_m 128 at
-  // T = 300).
-  for (const Variant v : {Variant{16, {}}, Variant{300, {}}, Variant{300, {128, false, false}},
-                          Variant{300, {0, true, true, true}}}) {
+  // The 16-row kernels; at T = 300 (block_m 128) the planner's h, D and dx on wgmma, then the
+  // 64-row mma.sync kernels and the 128 x 256 tile.
+  for (const Variant v : {Variant{16, {}}, Variant{300, {}}, Variant{300, PlanOverride::mma_sync()},
+                          Variant{300, PlanOverride::mma_sync(128)}}) {
     const int64_t T = v.T;
     const uint64_t seed = fresh_seed();
     const MoeShape s{T, 256, 128, 8, 2};
@@ -253,7 +254,7 @@ TEST_F(BackwardTest, CudaGraphCaptureAndReplay) {
     BackwardRun run(forward_plan(s), o, make_case(s, rng, RouterGrad::gate, softmax_renorm()), stream, rng, true,
                     v.over);
     SCOPED_TRACE(run.plan.str());
-    if (v.over.dx_wgmma)
+    if (v.T == 300 && v.over.planner)
       ASSERT_TRUE(run.plan.h_wgmma && run.plan.d_wgmma && run.plan.dx_wgmma) << "T = 300 has block_m 128";
     run.run(stream);  // one eager call first, as for every captured moekit entry
     const CapturedGraph graph(stream, [&] { run.enqueue(stream); });
@@ -324,7 +325,7 @@ TEST_F(BackwardTest, SixtyFourBitOffsets) {
     for (int64_t j = 0; j < k; ++j)
       scale[i * size_t(k) + size_t(j)] = dw_term_scale(c, sampled[i], c.ids[size_t(sampled[i] * k + j)]);
 
-  for (const PlanOverride over : {PlanOverride{}, PlanOverride{64, false, false}, PlanOverride{0, true, true, true}}) {
+  for (const PlanOverride over : {PlanOverride{}, PlanOverride::mma_sync(64), PlanOverride::mma_sync(128)}) {
     BackwardRun run(forward_plan(s), options(SavedActivations::recompute), c, stream, rng, true, over);
     SCOPED_TRACE(run.plan.str());
     const Outputs out = run.run(stream);

@@ -153,23 +153,27 @@ struct Outputs {
   bool operator==(const Outputs&) const = default;
 };
 
-// Kernel choices a test makes instead of the planner, each where the plan allows it: the mma.sync
-// tile's rows (BackwardPlan::tile_rows; 0 keeps the planner's) where they divide block_m, and the
-// recomputation of h and the D and dx GEMMs on the wgmma kernel (h_wgmma, d_wgmma, dx_wgmma) where
-// block_m is 128 (h: recomputed; dx: unsplit).
+// Kernel choices a test makes instead of the planner's, each where the plan allows it. The
+// default keeps the planner's plan; mma_sync() runs every ragged GEMM on the mma.sync tile (of
+// tile_rows rows where they divide block_m, 0: the planner's), wgmma(h, d, dx) those asked for on
+// the wgmma kernel (block_m 128; h: recomputed; dx: unsplit) and the rest on the mma.sync tile.
 struct PlanOverride {
+  bool planner = true;
   int tile_rows = 0;
-  bool d_wgmma = false;
-  bool dx_wgmma = false;
-  bool h_wgmma = false;
+  bool h_wgmma = false, d_wgmma = false, dx_wgmma = false;
+  static PlanOverride mma_sync(int tile_rows = 0) { return {false, tile_rows}; }
+  static PlanOverride wgmma(bool h, bool d, bool dx) { return {false, 0, h, d, dx}; }
   void apply(BackwardPlan& p) const {
+    if (planner) return;
     if (tile_rows && p.block_m % tile_rows == 0) p.tile_rows = tile_rows;
+    p.h_wgmma = p.d_wgmma = p.dx_wgmma = false;
     use_wgmma_gemms(p, h_wgmma, d_wgmma, dx_wgmma);
   }
 };
-// The planner's kernels, the 128 x 256 mma.sync tile, and h, D and dx on wgmma.
-inline const PlanOverride kPlanVariants[] = {PlanOverride{}, PlanOverride{128, false, false},
-                                             PlanOverride{0, true, true, true}};
+// The planner's kernels (h, D and dx on wgmma wherever block_m is 128), and every ragged GEMM on
+// the mma.sync tile: the planner's rows, then the 128 x 256 tile.
+inline const PlanOverride kPlanVariants[] = {PlanOverride{}, PlanOverride::mma_sync(),
+                                             PlanOverride::mma_sync(128)};
 
 // The device side of one case: inputs, the forward's layout (align on the device), the outputs and
 // a workspace, and moe_backward over them.
