@@ -91,6 +91,9 @@ struct BackwardPlan {
   bool h_wgmma = false;
   bool d_wgmma = false;
   bool dx_wgmma = false;
+  // dW2 and dW13 on the wgmma weight-gradient kernel (128 x 256 tiles of dW, both operands read
+  // MN-major by cp.async; dw_splits as the mma.sync kernel's): block_m 128 and options.weight_grads.
+  bool dw_wgmma = false;
   std::string source;   // "forward:" + the forward plan's source
 
   int64_t max_rows() const { return worst_case_rows(shape, block_m); }
@@ -113,12 +116,12 @@ struct BackwardPlan {
 // validate it) on `device` (a Hopper), with `options` (checked: their errors name
 // 'options.<field>'). Pure host code.
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options = {});
-// Sets each of the backward's GEMMs on the wgmma kernel as asked (h_wgmma, d_wgmma, dx_wgmma)
-// where `plan` allows it, as moe_backward validates it: block_m 128, h recomputed, dx computed
-// unsplit; the others run on the mma.sync tile. plan_backward calls it with all three;
-// use_wgmma_gemms(plan, false, false, false) is the mma.sync path (`moekit bench --backward
-// --backward-mma-sync`, the GPU tests' comparisons).
-void use_wgmma_gemms(BackwardPlan& plan, bool h = true, bool d = true, bool dx = true);
+// Sets each of the backward's GEMMs on the wgmma kernels as asked (h_wgmma, d_wgmma, dx_wgmma,
+// dw_wgmma) where `plan` allows it, as moe_backward validates it: block_m 128, h recomputed, dx
+// computed unsplit, weight gradients computed; the others run on the mma.sync tile. plan_backward
+// calls it with all four; use_wgmma_gemms(plan, false, false, false, false) is the mma.sync path
+// (`moekit bench --backward --backward-mma-sync`, the GPU tests' comparisons).
+void use_wgmma_gemms(BackwardPlan& plan, bool h = true, bool d = true, bool dx = true, bool dw = true);
 
 // What the backward reads. The forward's intermediate tensors may be views into the forward's
 // workspace, which must then stay untouched until the backward has run (the backward's own

@@ -281,6 +281,9 @@ class BackwardPlan:
     def dx_wgmma(self) -> bool: ...
 
     @property
+    def dw_wgmma(self) -> bool: ...
+
+    @property
     def up(self) -> str: ...
 
     @property

@@ -97,6 +97,7 @@ void bind_backward(nb::module_& m) {
       .def_ro("h_wgmma", &BackwardPlan::h_wgmma)
       .def_ro("d_wgmma", &BackwardPlan::d_wgmma)
       .def_ro("dx_wgmma", &BackwardPlan::dx_wgmma)
+      .def_ro("dw_wgmma", &BackwardPlan::dw_wgmma)
       .def_prop_ro("up", [](const BackwardPlan& p) { return p.up.str(); })
       .def_prop_ro("d", [](const BackwardPlan& p) { return p.d.str(); })
       .def_prop_ro("dx", [](const BackwardPlan& p) { return p.dx.str(); })

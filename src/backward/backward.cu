@@ -6,7 +6,7 @@
 //   3. d_topk_weights = Σ_tile dw_partials                                  reduce.cuh
 //   4. the router: d_logits, and with ::gate d_w_gate and dx_router        router_grad.cuh
 //   5. dx_rows = dh·W13, then dx = Σ_j dx_rows (+ dx_router)                ragged.cuh, reduce.cuh
-//   6. dW2 and dW13 over each expert's sorted rows (+ split-K sums)         weight_grad.cuh
+//   6. dW2 and dW13 over each expert's sorted rows (+ split-K sums)         weight_grad.cuh or sm90/weight_grad.cuh
 // Every kernel is launched with PDL (common/launch.hpp) and waits before it reads: no allocation,
 // no host synchronisation, capturable in a CUDA graph. Grids cover the worst-case rows; the rows
 // used are read on the device (num_rows_padded), as the forward's GEMMs read them.
@@ -101,6 +101,74 @@ kb::WeightOut weight_out(const Tensor& out, const Tensor& partials, int splits, 
   o.partials = splits > 1 ? partials.as<float>() : nullptr;
   o.rows = rows, o.cols = cols, o.experts = experts;
   return o;
+}
+
+// dW2 and dW13 on the mma.sync weight-gradient tile (WeightTile<ragged_tile_rows>): a CTA per
+// (tile, expert, split), into the outputs or, with plan.dw_splits > 1, the FP32 partials.
+void launch_mma_sync_weight_grads(const BackwardPlan& plan, const kb::Layout& layout, const BackwardInputs& in,
+                                  const BackwardWorkspace& ws, const BackwardGrads& grads, const kb::bf16* dy,
+                                  const kb::bf16* x, cudaStream_t stream) {
+  const MoeShape& s = plan.shape;
+  const int64_t H = s.hidden, F = s.inter, E = s.experts;
+  const int S = plan.dw_splits;
+  const bool acc = plan.options.accumulate_weight_grads;
+  kb::WeightGradParams p{};
+  p.layout = layout;
+  p.expert_row_start = ws.expert_row_start.as<const int32_t>();
+  p.expert_counts = in.expert_counts.as<const int32_t>();
+  p.splits = S;
+  // dW2_e [H, F] = Σ_r dy_tᵀ·act_w[r]: M = H from dy by token, N = F from act_w.
+  p.a = kb::SortedOperand{dy, H, true};
+  p.b = kb::SortedOperand{ws.act_w.as<const kb::bf16>(), F, false};
+  const TiledKernel<kb::WeightGradParams> wk = plan.ragged_tile_rows() == 128
+                                                   ? tiled<kb::WeightTile<128>, kb::weight_grad_kernel<128>>()
+                                                   : tiled<kb::WeightTile<64>, kb::weight_grad_kernel<64>>();
+  auto weight_grid = [&](int64_t rows, int64_t cols) {
+    return dim3(unsigned(cdiv(rows, wk.bm) * cdiv(cols, wk.bn)), unsigned(E), unsigned(S));
+  };
+  p.out = weight_out(grads.dw2, ws.dw2_partials, S, acc, H, F, E);
+  launch_tiled("weight_grad_kernel", wk, weight_grid(H, F), p, stream);
+  // dW13_e [2F, H] = Σ_r dh[r]ᵀ·x_t: M = 2F from dh, N = H from x by token.
+  p.a = kb::SortedOperand{ws.dh.as<const kb::bf16>(), 2 * F, false};
+  p.b = kb::SortedOperand{x, H, true};
+  p.out = weight_out(grads.dw13, ws.dw13_partials, S, acc, 2 * F, H, E);
+  launch_tiled("weight_grad_kernel", wk, weight_grid(2 * F, H), p, stream);
+}
+
+// dW2 and dW13 on the wgmma weight-gradient kernel (plan.dw_wgmma), into the outputs or, with
+// plan.dw_splits > 1, the FP32 partials the split sums add.
+void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, const BackwardInputs& in,
+                               const BackwardWorkspace& ws, const BackwardGrads& grads, const kb::bf16* dy,
+                               const kb::bf16* x, cudaStream_t stream) {
+  const MoeShape& s = plan.shape;
+  const int64_t H = s.hidden, F = s.inter;
+  kernels::gemm::KGroupedParams p{};
+  p.sorted_ids = L.sorted_ids;
+  p.expert_row_start = ws.expert_row_start.as<const int32_t>();
+  p.expert_counts = in.expert_counts.as<const int32_t>();
+  p.tile_counter = ws.gemm_counter.as<int32_t>();
+  p.num_assign = L.num_assign;
+  p.topk = L.topk;
+  p.experts = int32_t(s.experts);
+  p.splits = plan.dw_splits;
+  p.accumulate = plan.options.accumulate_weight_grads;
+  auto set_out = [&](const Tensor& out, const Tensor& partials) {
+    p.out = out.data;
+    p.f32 = out.dtype == DType::f32;
+    p.partials = plan.dw_splits > 1 ? partials.as<float>() : nullptr;
+  };
+  // dW2_e [H, F] = Σ_r dy_tᵀ·act_w[r]: M = H from dy by token, N = F from act_w.
+  p.a = {dy, H};
+  p.b = {ws.act_w.as<const kb::bf16>(), F};
+  p.m_dim = H, p.n_dim = F;
+  set_out(grads.dw2, ws.dw2_partials);
+  detail::launch_sm90_weight_grad(p, true, stream);
+  // dW13_e [2F, H] = Σ_r dh[r]ᵀ·x_t: M = 2F from dh, N = H from x by token.
+  p.a = {ws.dh.as<const kb::bf16>(), 2 * F};
+  p.b = {x, H};
+  p.m_dim = 2 * F, p.n_dim = H;
+  set_out(grads.dw13, ws.dw13_partials);
+  detail::launch_sm90_weight_grad(p, false, stream);
 }
 
 void launch_split_sum(const Tensor& partials, int splits, const Tensor& out, bool accumulate, cudaStream_t stream) {
@@ -269,27 +337,10 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     launch_pdl("expert_row_start_kernel", kb::expert_row_start_kernel, dim3(1), dim3(32), 0, stream, r);
     const int S = plan.dw_splits;
     const bool acc = o.accumulate_weight_grads;
-    kb::WeightGradParams p{};
-    p.layout = layout;
-    p.expert_row_start = ws.expert_row_start.as<const int32_t>();
-    p.expert_counts = in.expert_counts.as<const int32_t>();
-    p.splits = S;
-    // dW2_e [H, F] = Σ_r dy_tᵀ·act_w[r]: M = H from dy by token, N = F from act_w.
-    p.a = kb::SortedOperand{dy, H, true};
-    p.b = kb::SortedOperand{ws.act_w.as<const kb::bf16>(), F, false};
-    const TiledKernel<kb::WeightGradParams> wk = plan.ragged_tile_rows() == 128
-                                                     ? tiled<kb::WeightTile<128>, kb::weight_grad_kernel<128>>()
-                                                     : tiled<kb::WeightTile<64>, kb::weight_grad_kernel<64>>();
-    auto weight_grid = [&](int64_t rows, int64_t cols) {
-      return dim3(unsigned(cdiv(rows, wk.bm) * cdiv(cols, wk.bn)), unsigned(E), unsigned(S));
-    };
-    p.out = weight_out(grads.dw2, ws.dw2_partials, S, acc, H, F, E);
-    launch_tiled("weight_grad_kernel", wk, weight_grid(H, F), p, stream);
-    // dW13_e [2F, H] = Σ_r dh[r]ᵀ·x_t: M = 2F from dh, N = H from x by token.
-    p.a = kb::SortedOperand{ws.dh.as<const kb::bf16>(), 2 * F, false};
-    p.b = kb::SortedOperand{x, H, true};
-    p.out = weight_out(grads.dw13, ws.dw13_partials, S, acc, 2 * F, H, E);
-    launch_tiled("weight_grad_kernel", wk, weight_grid(2 * F, H), p, stream);
+    if (plan.dw_wgmma)
+      launch_wgmma_weight_grads(plan, layout, in, ws, grads, dy, x, stream);
+    else
+      launch_mma_sync_weight_grads(plan, layout, in, ws, grads, dy, x, stream);
     if (S > 1) {
       launch_split_sum(ws.dw2_partials, S, grads.dw2, acc, stream);
       launch_split_sum(ws.dw13_partials, S, grads.dw13, acc, stream);

@@ -108,6 +108,9 @@ void expect_backward_plan(const BackwardPlan& p, const char* entry) {
     fail(entry, "plan", "dx_wgmma needs block_m 128, dx_splits 1 and options.input_grad (got block_m " +
                             std::to_string(p.block_m) + ", dx_splits " + std::to_string(p.dx_splits) +
                             "): make plans with plan_backward");
+  if (p.dw_wgmma && (p.block_m != 128 || !p.options.weight_grads))
+    fail(entry, "plan", "dw_wgmma needs block_m 128 and options.weight_grads (got block_m " +
+                            std::to_string(p.block_m) + "): make plans with plan_backward");
   if ((p.tile_rows != 16 && p.tile_rows != 64 && p.tile_rows != 128) || p.block_m % p.tile_rows != 0)
     fail(entry, "plan", "tile_rows " + std::to_string(p.tile_rows) + " must be 16, 64 or 128 and divide block_m " +
                             std::to_string(p.block_m) + ": make plans with plan_backward");
@@ -139,16 +142,17 @@ std::string BackwardPlan::str() const {
          (o.saved == SavedActivations::recompute ? " up=" + up.str() : "") + " d=" + d.str() +
          (o.input_grad ? " dx=" + dx.str() : "") + (dx_splits > 1 ? " dx_splits=" + std::to_string(dx_splits) : "") +
          (h_wgmma ? " h_gemm=wgmma-m128n256" : "") + (d_wgmma ? " d_gemm=wgmma-m128n256" : "") +
-         (dx_wgmma ? " dx_gemm=wgmma-m128n256" : "") +
+         (dx_wgmma ? " dx_gemm=wgmma-m128n256" : "") + (dw_wgmma ? " dw_gemm=wgmma-m128n256" : "") +
          (dw_splits > 1 ? " dw_splits=" + std::to_string(dw_splits) : "") +
          (gate_splits > 1 ? " gate_splits=" + std::to_string(gate_splits) : "") + " source=" + source;
 }
 
-void use_wgmma_gemms(BackwardPlan& p, bool h, bool d, bool dx) {
+void use_wgmma_gemms(BackwardPlan& p, bool h, bool d, bool dx, bool dw) {
   const bool wgmma = p.block_m == 128;
   p.h_wgmma = wgmma && h && p.options.saved == SavedActivations::recompute;
   p.d_wgmma = wgmma && d;
   p.dx_wgmma = wgmma && dx && p.dx_splits == 1 && p.options.input_grad;
+  p.dw_wgmma = wgmma && dw && p.options.weight_grads;
 }
 
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options) {
@@ -174,8 +178,8 @@ BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device,
   p.dw_splits = options.weight_grads ? tuning::plan_weight_grad_splits(forward.shape, device) : 1;
   p.gate_splits = options.router == RouterGrad::gate ? tuning::plan_gate_grad_splits(forward.shape, device) : 1;
   p.tile_rows = tuning::plan_backward_tile_rows(forward.shape, p.block_m);
-  // h, D and dx on the wgmma kernel wherever the layout allows it (block_m 128): faster than the
-  // mma.sync tile at every measured T (docs/perf/NOTES.md, "Backward").
+  // h, D, dx and dW on the wgmma kernels wherever the layout allows it (block_m 128): faster than
+  // the mma.sync tile at every measured T (docs/perf/NOTES.md, "Backward").
   use_wgmma_gemms(p);
   p.source = "forward:" + forward.source;
   return p;

@@ -319,25 +319,29 @@ TEST(PlanBackward, TileRowsFollowTheLayoutAndTheRowsAnExpertGets) {
 }
 
 TEST(PlanBackward, WgmmaGemmsWhereverBlockMIs128AndOnlyThere) {
-  // The planner puts h, D and dx on wgmma wherever the layout's block_m is 128 (measured faster
-  // at every T on Mixtral and Qwen3: docs/perf/NOTES.md, "Backward").
+  // The planner puts h, D, dx and dW on wgmma wherever the layout's block_m is 128 (measured
+  // faster at every T on Mixtral and Qwen3: docs/perf/NOTES.md, "Backward").
   BackwardPlan prefill = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, every_grad());
   ASSERT_EQ(prefill.block_m, 128);
-  EXPECT_TRUE(prefill.h_wgmma && prefill.d_wgmma && prefill.dx_wgmma) << prefill.str();
+  EXPECT_TRUE(prefill.h_wgmma && prefill.d_wgmma && prefill.dx_wgmma && prefill.dw_wgmma) << prefill.str();
   EXPECT_NO_THROW(detail::expect_backward_plan(prefill, "moe_backward"));
-  EXPECT_NE(prefill.str().find(" h_gemm=wgmma-m128n256 d_gemm=wgmma-m128n256 dx_gemm=wgmma-m128n256"),
+  EXPECT_NE(prefill.str().find(" h_gemm=wgmma-m128n256 d_gemm=wgmma-m128n256 dx_gemm=wgmma-m128n256"
+                               " dw_gemm=wgmma-m128n256"),
             std::string::npos)
       << prefill.str();
   // use_wgmma_gemms sets each flag as asked where the plan allows it: all off is the mma.sync path.
-  use_wgmma_gemms(prefill, false, false, false);
-  EXPECT_FALSE(prefill.h_wgmma || prefill.d_wgmma || prefill.dx_wgmma);
+  use_wgmma_gemms(prefill, false, false, false, false);
+  EXPECT_FALSE(prefill.h_wgmma || prefill.d_wgmma || prefill.dx_wgmma || prefill.dw_wgmma);
   EXPECT_EQ(prefill.str().find("_gemm=wgmma"), std::string::npos) << prefill.str();
-  use_wgmma_gemms(prefill, false, true, false);
-  EXPECT_TRUE(!prefill.h_wgmma && prefill.d_wgmma && !prefill.dx_wgmma);
+  use_wgmma_gemms(prefill, false, true, false, false);
+  EXPECT_TRUE(!prefill.h_wgmma && prefill.d_wgmma && !prefill.dx_wgmma && !prefill.dw_wgmma);
+  use_wgmma_gemms(prefill, false, false, false, true);
+  EXPECT_TRUE(!prefill.h_wgmma && !prefill.d_wgmma && !prefill.dx_wgmma && prefill.dw_wgmma);
 
   BackwardPlan decode = plan_backward(plan_forward(MoeShape{4, 256, 128, 4, 2}, kH200), kH200, every_grad());
   ASSERT_NE(decode.block_m, 128);
-  EXPECT_FALSE(decode.h_wgmma || decode.d_wgmma || decode.dx_wgmma) << "block_m below 128: " << decode.str();
+  EXPECT_FALSE(decode.h_wgmma || decode.d_wgmma || decode.dx_wgmma || decode.dw_wgmma)
+      << "block_m below 128: " << decode.str();
   decode.dx_wgmma = true;
   EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(decode, "moe_backward"); }, "plan"));
   decode.dx_wgmma = false;
@@ -346,11 +350,16 @@ TEST(PlanBackward, WgmmaGemmsWhereverBlockMIs128AndOnlyThere) {
   decode.d_wgmma = false;
   decode.h_wgmma = true;
   EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(decode, "moe_backward"); }, "plan"));
+  decode.h_wgmma = false;
+  decode.dw_wgmma = true;
+  EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(decode, "moe_backward"); }, "plan"));
+  decode.dw_wgmma = false;
 
   BackwardOptions saved = every_grad();
   saved.saved = SavedActivations::h;
   BackwardPlan given_h = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, saved);
-  EXPECT_TRUE(!given_h.h_wgmma && given_h.d_wgmma && given_h.dx_wgmma) << "h given: nothing to recompute";
+  EXPECT_TRUE(!given_h.h_wgmma && given_h.d_wgmma && given_h.dx_wgmma && given_h.dw_wgmma)
+      << "h given: nothing to recompute";
   given_h.h_wgmma = true;
   EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(given_h, "moe_backward"); }, "plan"));
 
@@ -360,15 +369,24 @@ TEST(PlanBackward, WgmmaGemmsWhereverBlockMIs128AndOnlyThere) {
   EXPECT_TRUE(weights_only.h_wgmma && weights_only.d_wgmma && !weights_only.dx_wgmma) << "no dx";
   weights_only.dx_wgmma = true;
   EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(weights_only, "moe_backward"); }, "plan"));
+  weights_only.dx_wgmma = false;
 
-  // Asking for all three turns on only what each plan allows.
-  for (BackwardPlan* p : {&decode, &given_h, &weights_only}) {
+  BackwardOptions no_dw = every_grad();
+  no_dw.weight_grads = false;
+  BackwardPlan inputs_only = plan_backward(plan_forward(MoeShape{16384, 256, 128, 4, 2}, kH200), kH200, no_dw);
+  EXPECT_TRUE(inputs_only.d_wgmma && inputs_only.dx_wgmma && !inputs_only.dw_wgmma) << "no weight grads";
+  inputs_only.dw_wgmma = true;
+  EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(inputs_only, "moe_backward"); }, "plan"));
+
+  // Asking for all four turns on only what each plan allows.
+  for (BackwardPlan* p : {&decode, &given_h, &weights_only, &inputs_only}) {
     use_wgmma_gemms(*p);
     EXPECT_NO_THROW(detail::expect_backward_plan(*p, "moe_backward")) << p->str();
   }
-  EXPECT_FALSE(decode.h_wgmma || decode.d_wgmma || decode.dx_wgmma);
-  EXPECT_TRUE(!given_h.h_wgmma && given_h.d_wgmma && given_h.dx_wgmma);
-  EXPECT_TRUE(weights_only.h_wgmma && weights_only.d_wgmma && !weights_only.dx_wgmma);
+  EXPECT_FALSE(decode.h_wgmma || decode.d_wgmma || decode.dx_wgmma || decode.dw_wgmma);
+  EXPECT_TRUE(!given_h.h_wgmma && given_h.d_wgmma && given_h.dx_wgmma && given_h.dw_wgmma);
+  EXPECT_TRUE(weights_only.h_wgmma && weights_only.d_wgmma && !weights_only.dx_wgmma && weights_only.dw_wgmma);
+  EXPECT_TRUE(inputs_only.d_wgmma && inputs_only.dx_wgmma && !inputs_only.dw_wgmma);
 }
 
 }  // namespace

@@ -84,6 +84,13 @@ TEST(Sm90Descriptor, NMajorTileIsTheCanonicalLayoutItsDescriptorNames) {
       const uint32_t canonical = (n / 64) * lbo + (k / 8) * sbo + sw128_address_bits(canonical_elems * 2);
       ASSERT_EQ(mn_tile_offset(k, n), canonical) << "k " << k << " n " << n;
     }
+  // The weight-gradient producer's copies: two bases and whole-row steps reproduce every offset.
+  for (uint32_t step : {4u, 8u})
+    for (uint32_t r0 = 0; r0 < step; ++r0)
+      for (uint32_t n = 0; n < 256; n += 8)
+        for (uint32_t i = 0; r0 + step * i < 64; ++i)
+          ASSERT_EQ(mn_parity_base(r0, n, step, i % 2) + i * step * uint32_t(kRowBytes), mn_tile_offset(r0 + step * i, n))
+              << "step " << step << " r0 " << r0 << " n " << n << " i " << i;
   // The k16 slices: 16 K rows = 2 atoms in, keeping the start on an atom (base offset 0).
   for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
     EXPECT_EQ(mn_k16_bytes(kk), mn_tile_offset(uint32_t(16 * kk), 0));

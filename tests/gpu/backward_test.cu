@@ -160,6 +160,7 @@ TEST_F(BackwardTest, F32WeightGradsAccumulated) {
     o.accumulate_weight_grads = accumulate;
     check({33, 256, 128, 8, 2}, 0, o);
     check({1024, 256, 128, 4, 2}, 0, o);  // dw_splits 2: the split sum accumulates
+    check({300, 256, 128, 8, 2}, 0, o);   // block_m 128, dw_splits 1: the wgmma kernel's own f32 stores
   }
 }
 
@@ -203,10 +204,13 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
 }
 
 // The recomputation of h, the D and the dx GEMMs on the wgmma kernel (Mode::UpH; Mode::DGrad and
-// Mode::Dx, W2 and W13 read N-major through their own TMA boxes and descriptor), each alone and all: against the oracle at partial tiles
-// (F = 328: 256 + 72 columns and a partial ⟨D, act⟩ group; H = 576: 256 + 256 + 64; K tails of
-// 2F = 656) and many tiles a CTA, bitwise the same run to run, and within the bounds of the
-// mma.sync path (the two sum in different orders; what neither GEMM touches is bitwise equal).
+// Mode::Dx, W2 and W13 read N-major through their own TMA boxes and descriptor) and dW2 / dW13 on
+// the wgmma weight-gradient kernel (both operands MN-major by cp.async), each alone and all:
+// against the oracle at partial tiles (F = 328: 256 + 72 columns and a partial ⟨D, act⟩ group;
+// H = 576: 256 + 256 + 64, and dW2's M = 576 = 4.5 tiles: a last tile with one warpgroup's rows;
+// K tails of 2F = 656 and of ~375 rows an expert) and many tiles a CTA, bitwise the same run to
+// run, and within the bounds of the mma.sync path (the two sum in different orders; what no
+// wgmma kernel touched is bitwise equal).
 TEST_F(BackwardTest, RaggedGemmsOnWgmma) {
   const uint64_t seed = fresh_seed();
   const MoeShape s{1500, 576, 328, 8, 2};
@@ -216,21 +220,26 @@ TEST_F(BackwardTest, RaggedGemmsOnWgmma) {
   const Case c = make_case(s, rng, RouterGrad::gate, softmax_renorm());
   BackwardRun mma_sync(forward_plan(s, 128), o, c, stream, rng, true, PlanOverride::mma_sync());
   const Outputs base = mma_sync.run(stream);
-  // Each mode alone (D, dx, h), then all three: the planner's choice at block_m 128.
-  for (const PlanOverride over : {PlanOverride::wgmma(false, true, false), PlanOverride::wgmma(false, false, true),
-                                  PlanOverride::wgmma(true, false, false), PlanOverride::wgmma(true, true, true)}) {
+  // Each kernel alone (D, dx, h, dW), then all four: the planner's choice at block_m 128.
+  for (const PlanOverride over :
+       {PlanOverride::wgmma(false, true, false, false), PlanOverride::wgmma(false, false, true, false),
+        PlanOverride::wgmma(true, false, false, false), PlanOverride::wgmma(false, false, false, true),
+        PlanOverride::wgmma(true, true, true, true)}) {
     BackwardRun run(forward_plan(s, 128), o, c, stream, rng, true, over);
     SCOPED_TRACE(run.plan.str());
     ASSERT_TRUE(run.plan.d_wgmma == over.d_wgmma && run.plan.dx_wgmma == over.dx_wgmma &&
-                run.plan.h_wgmma == over.h_wgmma);
+                run.plan.h_wgmma == over.h_wgmma && run.plan.dw_wgmma == over.dw_wgmma);
     const Outputs first = run.run(stream);
     check_outputs(run, first);
     for (int i = 0; i < 2; ++i) ASSERT_TRUE(run.run(stream) == first) << "run " << i << " differs";
     report_error("dx against mma.sync", ref::rel_norm_error(to_double(first.dx), to_double(base.dx)), 2 * kDxTol);
-    if (!over.d_wgmma && !over.h_wgmma)
-      EXPECT_TRUE(first.dw13 == base.dw13 && first.dw2 == base.dw2 && first.d_topk == base.d_topk &&
-                  first.d_w_gate == base.d_w_gate)
-          << "with h and D on mma.sync, only dx's GEMM differs";
+    if (!over.d_wgmma && !over.h_wgmma) {
+      EXPECT_TRUE(first.d_topk == base.d_topk && first.d_w_gate == base.d_w_gate)
+          << "with h and D on mma.sync, d_topk_weights and d_w_gate are the mma.sync path's";
+      if (!over.dw_wgmma)
+        EXPECT_TRUE(first.dw13 == base.dw13 && first.dw2 == base.dw2) << "and dW too, on mma.sync";
+      if (!over.dx_wgmma) EXPECT_TRUE(first.dx == base.dx) << "and dx too, on mma.sync";
+    }
   }
 }
 

@@ -154,24 +154,23 @@ struct Outputs {
 };
 
 // Kernel choices a test makes instead of the planner's, each where the plan allows it. The
-// default keeps the planner's plan; mma_sync() runs every ragged GEMM on the mma.sync tile (of
-// tile_rows rows where they divide block_m, 0: the planner's), wgmma(h, d, dx) those asked for on
-// the wgmma kernel (block_m 128; h: recomputed; dx: unsplit) and the rest on the mma.sync tile.
+// default keeps the planner's plan; mma_sync() runs every GEMM on the mma.sync tile (of tile_rows
+// rows where they divide block_m, 0: the planner's), wgmma(h, d, dx, dw) those asked for on the
+// wgmma kernels (block_m 128; h: recomputed; dx: unsplit) and the rest on the mma.sync tile.
 struct PlanOverride {
   bool planner = true;
   int tile_rows = 0;
-  bool h_wgmma = false, d_wgmma = false, dx_wgmma = false;
+  bool h_wgmma = false, d_wgmma = false, dx_wgmma = false, dw_wgmma = false;
   static PlanOverride mma_sync(int tile_rows = 0) { return {false, tile_rows}; }
-  static PlanOverride wgmma(bool h, bool d, bool dx) { return {false, 0, h, d, dx}; }
+  static PlanOverride wgmma(bool h, bool d, bool dx, bool dw) { return {false, 0, h, d, dx, dw}; }
   void apply(BackwardPlan& p) const {
     if (planner) return;
     if (tile_rows && p.block_m % tile_rows == 0) p.tile_rows = tile_rows;
-    p.h_wgmma = p.d_wgmma = p.dx_wgmma = false;
-    use_wgmma_gemms(p, h_wgmma, d_wgmma, dx_wgmma);
+    use_wgmma_gemms(p, h_wgmma, d_wgmma, dx_wgmma, dw_wgmma);
   }
 };
-// The planner's kernels (h, D and dx on wgmma wherever block_m is 128), and every ragged GEMM on
-// the mma.sync tile: the planner's rows, then the 128 x 256 tile.
+// The planner's kernels (h, D, dx and dW on wgmma wherever block_m is 128), and every GEMM on the
+// mma.sync tile: the planner's rows, then the 128 x 256 tile.
 inline const PlanOverride kPlanVariants[] = {PlanOverride{}, PlanOverride::mma_sync(),
                                              PlanOverride::mma_sync(128)};
 

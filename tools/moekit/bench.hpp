@@ -46,7 +46,7 @@ struct BenchArgs {
   std::string ep_mode = "auto";  // prefill | decode | auto (decode for T <= 128 tokens per rank)
   int64_t ep_capacity = 0;       // decode rows per (source, destination); 0: never overflows
   bool backward = false;         // --backward: time moe_backward instead of the forward (bench_backward.cu)
-  bool backward_mma_sync = false;  // --backward-mma-sync: its h, D and dx GEMMs on the mma.sync tile, not wgmma
+  bool backward_mma_sync = false;  // --backward-mma-sync: its h, D, dx and dW GEMMs on the mma.sync tile, not wgmma
 };
 
 struct CheckArgs {

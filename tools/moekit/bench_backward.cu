@@ -82,7 +82,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   const int64_t H = shape.hidden, F = shape.inter, E = shape.experts, A = shape.assignments();
   const ForwardPlan fplan = plan_forward(shape, cx.dev);
   BackwardPlan bplan = plan_backward(fplan, cx.dev, bench_options());
-  if (args.backward_mma_sync) use_wgmma_gemms(bplan, false, false, false);  // the A/B of the wgmma GEMMs
+  if (args.backward_mma_sync) use_wgmma_gemms(bplan, false, false, false, false);  // the A/B of the wgmma GEMMs
   const DeviceBuffer x = random_activations(T, H, args.seed, kStreamX, s);
   const DeviceBuffer dy = random_activations(T, H, args.seed, kStreamDy, s);  // N(0, 1), as the GPU tests' dy
   const DeviceBuffer y(T * H * 2), dx(T * H * 2), d_w_gate(E * H * 2);

@@ -12,6 +12,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <climits>
 #include <string>
 
 #include "common/cuda_check.hpp"
@@ -21,6 +22,7 @@
 #include "gemm/configs.hpp"
 #include "gemm/launch.hpp"
 #include "gemm/sm90/kernel.cuh"
+#include "gemm/sm90/weight_grad.cuh"
 
 namespace moekit::detail {
 
@@ -71,23 +73,28 @@ CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n)
   return map;
 }
 
-template <Mode M, int BN, int ST, bool FP8>
-void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_blocks, cudaStream_t stream) {
-  using Cfg = sm90::Config<BN, ST, FP8>;
-  auto kernel = sm90::sm90_expert_gemm_kernel<M, BN, ST, FP8>;
-  // Once per instance and device: raise the shared-memory limit; one CTA per SM (the grid is
-  // persistent).
+// Once per kernel and device: raise its shared-memory limit; returns the SMs, one CTA each (the
+// grids are persistent).
+template <class Cfg, auto Kernel>
+int64_t persistent_sms() {
   static detail::PerDevice<int64_t> per_device;
-  const int64_t sms = per_device.get([&](int device) {
+  return per_device.get([&](int device) {
     int count = 0, optin = 0;
     MK_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     MK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     if (int64_t(optin) < int64_t(Cfg::kSmemBytes))
       throw CudaError("sm90 expert GEMM: needs " + std::to_string(Cfg::kSmemBytes) +
                       " bytes of shared memory per block, the device allows " + std::to_string(optin));
-    MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
+    MK_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
     return int64_t(count);
   });
+}
+
+template <Mode M, int BN, int ST, bool FP8>
+void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_blocks, cudaStream_t stream) {
+  using Cfg = sm90::Config<BN, ST, FP8>;
+  constexpr auto kernel = sm90::sm90_expert_gemm_kernel<M, BN, ST, FP8>;
+  const int64_t sms = persistent_sms<Cfg, kernel>();
   Params p = p_in;
   const int64_t cols = kernels::gemm::cols_per_tile(M, BN);
   p.n_tiles = (p.n_dim + cols - 1) / cols;
@@ -136,6 +143,30 @@ void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, i
     launch_instance<Mode::UpH, kBlockN, 4, false>(p, b_map, max_blocks, stream);
   else
     fail("moe_backward", "plan", "the wgmma backward GEMMs are Dx, DGrad and UpH");
+}
+
+template <bool kATokens>
+void launch_weight_grad_instance(const kernels::gemm::KGroupedParams& p, int64_t items, cudaStream_t stream) {
+  using Cfg = sm90::WeightGradCfg;
+  constexpr auto kernel = sm90::sm90_weight_grad_kernel<kATokens>;
+  const int64_t grid = std::min(persistent_sms<Cfg, kernel>(), items);
+  MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
+  launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p);
+}
+
+void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_by_token, cudaStream_t stream) {
+  kernels::gemm::KGroupedParams p = p_in;
+  p.m_tiles = int32_t((p.m_dim + sm90::kWeightGradM - 1) / sm90::kWeightGradM);
+  p.n_tiles = int32_t((p.n_dim + sm90::kWeightGradN - 1) / sm90::kWeightGradN);
+  const int64_t items = int64_t(p.experts) * p.splits * p.m_tiles * p.n_tiles;
+  if (items == 0) return;
+  if (items > INT32_MAX)
+    fail("moe_backward", "shape", "the weight gradients' " + std::to_string(items) +
+                                      " tiles exceed the wgmma kernel's 32-bit work items");
+  if (a_by_token)
+    launch_weight_grad_instance<true>(p, items, stream);
+  else
+    launch_weight_grad_instance<false>(p, items, stream);
 }
 
 }  // namespace moekit::detail

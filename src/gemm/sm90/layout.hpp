@@ -56,6 +56,12 @@ MK_HD constexpr uint64_t make_desc_mn_sw128(uint32_t smem_addr) {
 MK_HD constexpr uint32_t mn_tile_offset(uint32_t k, uint32_t n) {
   return (n / 64) * kMnPanelBytes + sw128_address_bits(k * uint32_t(kRowBytes) + (n % 64) * 2);
 }
+// The producers' unrolled copies of K rows r0 + step·i (step 4 or 8, r0 < step): the swizzle XORs
+// with the row % 8, which then depends on i % 2 only, so copy i lands at
+// mn_parity_base(r0, n, step, i % 2) + i·step rows — two base registers instead of one an i.
+MK_HD constexpr uint32_t mn_parity_base(uint32_t r0, uint32_t n, uint32_t step, uint32_t parity) {
+  return mn_tile_offset(r0 + parity * step, n) - parity * step * uint32_t(kRowBytes);
+}
 // The k16 slice kk of an N-major stage starts kk·16 K rows in (K-major: kk·32 bytes along the row).
 MK_HD constexpr uint32_t mn_k16_bytes(int kk) { return uint32_t(kk) * 16u * uint32_t(kRowBytes); }
 

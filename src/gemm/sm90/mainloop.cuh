@@ -28,11 +28,13 @@ __device__ __forceinline__ void release_stages(const Smem<Cfg>& sm, int32_t k_ti
   }
 }
 
-// kBNMajor: B is N-major (Dx, DGrad: make_desc_mn_sw128, imm-trans-b), its k16 slices 16 K rows apart.
-template <class Cfg, bool kBNMajor = false, class Hook>
+// kBNMajor: B is N-major (Dx, DGrad, the weight gradients: make_desc_mn_sw128, imm-trans-b), its
+// k16 slices 16 K rows apart; kAMMajor: A is M-major alike (the weight gradients: imm-trans-a).
+template <class Cfg, bool kBNMajor = false, bool kAMMajor = false, class Hook>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                          uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
                                          bool live, Hook&& after_first_step) {
+  static_assert(!kAMMajor || kBNMajor, "an M-major A is wrapped with an N-major B only");
   if (!live) {
     after_first_step();
     release_stages(sm, k_tiles, pipe, lane);
@@ -55,7 +57,9 @@ __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cf
       const bool accumulate = kt > 0 || kk > 0;              // the tile's first wgmma overwrites
       if constexpr (kBNMajor) {
         static_assert(Cfg::kBlockN == 256, "the N-major B is wrapped for n256");
-        ptx::wgmma_m64n256k16<1>(acc, desc_advance(desc_a, k_bytes), desc_advance(desc_b, mn_k16_bytes(kk)), accumulate);
+        const uint32_t a_bytes = kAMMajor ? mn_k16_bytes(kk) : k_bytes;
+        ptx::wgmma_m64n256k16<1, kAMMajor ? 1 : 0>(acc, desc_advance(desc_a, a_bytes),
+                                                   desc_advance(desc_b, mn_k16_bytes(kk)), accumulate);
       } else if constexpr (Cfg::kBlockN == 256)
         ptx::wgmma_m64n256k16(acc, desc_advance(desc_a, k_bytes), desc_advance(desc_b, k_bytes), accumulate);
       else

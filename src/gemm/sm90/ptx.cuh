@@ -146,11 +146,13 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
       MK_WGMMA_ACC8((o) + 32), MK_WGMMA_ACC8((o) + 40), MK_WGMMA_ACC8((o) + 48), MK_WGMMA_ACC8((o) + 56)
 
 
-// D[64x256] (+)= A[64x16]·B[256x16]ᵀ, both from shared memory, f32 accumulators; A K-major, B
-// K-major (kTransB = 0) or N-major (1: imm-trans-b, the backward's Dx and DGrad GEMMs).
-template <int kTransB = 0>
+// D[64x256] (+)= A[64x16]·B[256x16]ᵀ, both from shared memory, f32 accumulators; B K-major
+// (kTransB = 0) or N-major (1: imm-trans-b, the backward's Dx and DGrad GEMMs); A K-major
+// (kTransA = 0) or M-major (1: imm-trans-a, the weight gradients, whose K is the sorted rows).
+template <int kTransB = 0, int kTransA = 0>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   static_assert(kTransB == 0 || kTransB == 1, "imm-trans-b is 0 or 1");
+  static_assert(kTransA == 0 || kTransA == 1, "imm-trans-a is 0 or 1");
   asm volatile(
       "{\n.reg .pred p;\n"
       "setp.ne.b32 p, %130, 0;\n"
@@ -163,9 +165,9 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
       "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
       "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
       "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-      "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+      "}, %128, %129, p, 1, 1, %132, %131;\n}\n"
       : MK_WGMMA_ACC64(0), MK_WGMMA_ACC64(64)
-      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB), "n"(kTransA));
 }
 
 // D[64x128] (+)= A[64x16]·B[128x16]ᵀ, both from shared memory (K-major), f32 accumulators.

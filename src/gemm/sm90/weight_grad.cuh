@@ -1,0 +1,235 @@
+// weight_grad.cuh — the backward's weight gradients on the Hopper tensor cores: k-grouped GEMMs
+// (gemm/params.hpp, KGroupedParams) whose K is each expert's sorted rows, composed of the expert
+// GEMM's parts — the claimed-item channel (scheduler.cuh), the ring of stages (pipeline.cuh) and
+// the wgmma mainloop (mainloop.cuh, both operands MN-major) — with a producer and an epilogue of
+// their own.
+//
+// A work item is one 128 x 256 tile of out_e for one split of e's K-tiles: item = ((e·S + s)·
+// m_tiles + m)·n_tiles + n, so the CTAs working at once share an expert's rows (its K-tiles come
+// to L2 once and feed every tile of the expert). An item's K range is read on the device: rows
+// [expert_row_start[e], + expert_counts[e]) of the sorted order, the split's share of their
+// K-tiles of 64 rows; an expert (or a split) with none stores zeros, or adds nothing.
+//
+// The producer (warpgroup 2) fills a stage with 64 K rows of both operands by cp.async: A's 128 M
+// values and B's 256 N values of each row, written straight into the N-major 128-byte-swizzled
+// panels wgmma reads with imm-trans (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64
+// values). A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
+// A. The gathered operand's rows come from sorted_ids (2 ids a lane a stage, shuffled to the
+// lanes that copy each row). Rows past the expert's count, ids of no assignment and columns past
+// the output are zero-filled, so tails add exact zeros and nothing outside the expert's rows is
+// read. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
+#pragma once
+
+#include <cstdint>
+
+#include "common/device.cuh"  // pdl_enter
+#include "gemm/common.cuh"  // pack_bf16x2, KGroupedParams
+#include "gemm/sm90/layout.hpp"
+#include "gemm/sm90/mainloop.cuh"
+#include "gemm/sm90/pipeline.cuh"
+#include "gemm/sm90/ptx.cuh"
+#include "gemm/sm90/scheduler.cuh"
+
+namespace moekit::kernels::gemm::sm90 {
+
+// 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side).
+using WeightGradCfg = Config<256, 4>;
+inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
+
+struct WeightGradItem {
+  int32_t expert, split, m0, n0;
+};
+__device__ __forceinline__ WeightGradItem weight_grad_item(const KGroupedParams& p, int32_t item) {
+  const int32_t n = item % p.n_tiles;
+  item /= p.n_tiles;
+  const int32_t m = item % p.m_tiles;
+  item /= p.m_tiles;
+  return {item / p.splits, item % p.splits, m * kWeightGradM, n * kWeightGradN};
+}
+
+// The item's K range: its split's K-tiles of the expert's rows, from sorted row `first` (K-tile 0)
+// to `end` (the expert's last row + 1).
+struct KRange {
+  int32_t first, end, k_tiles;
+};
+__device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightGradItem& w) {
+  const int32_t start = p.expert_row_start[w.expert], count = p.expert_counts[w.expert];
+  const int32_t tiles = (count + kBlockK - 1) / kBlockK, per_split = (tiles + p.splits - 1) / p.splits;
+  const int32_t kt0 = w.split * per_split;
+  const int32_t k_tiles = kt0 < tiles ? min(tiles - kt0, per_split) : 0;
+  return {start + kt0 * kBlockK, start + count, k_tiles};
+}
+
+// One stage's K rows [row0, row0 + 64) of an operand W values wide from column mn0, by the
+// producer warp `warp` (0..3): a warp's cp.async is 32 chunks of 16 bytes, W / 8 chunks a row, so
+// it copies 256 / W rows at once, and a lane copies K rows r0 + kStep·i. kByToken: row r is
+// sorted_ids[r]'s token row (id_lo, id_hi: the ids of rows row0 + lane and row0 + 32 + lane, -1
+// past end); else one pointer walks the rows. What stays in registers across the K loop is a
+// lane's two shared-memory bases (mn_parity_base) and its bounds: nothing an i.
+template <int W, bool kByToken>
+__device__ __forceinline__ void load_rows(const KGroupedParams& p, const KGroupedOperand& op, uint32_t dst,
+                                          int32_t row0, int32_t end, int64_t mn0, int64_t mn_dim, int32_t id_lo,
+                                          int32_t id_hi, int warp, int lane) {
+  constexpr int kRowChunks = W / 8, kRowsAtOnce = 32 / kRowChunks, kStep = 4 * kRowsAtOnce;
+  constexpr int kIters = kBlockK / kStep;
+  static_assert(32 % kRowChunks == 0 && kBlockK % kStep == 0 && (kStep == 4 || kStep == 8), "a warp copies whole rows");
+  const int j = lane % kRowChunks;                        // this lane's chunk of every row it copies
+  const int r0 = warp * kRowsAtOnce + lane / kRowChunks;  // its first K row of the stage
+  const int64_t col = mn0 + j * 8;
+  const int32_t rows_left = col < mn_dim ? end - row0 - r0 : 0;  // copy i is real iff kStep·i < rows_left
+  const uint32_t base[2] = {dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 0),
+                            dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 1)};
+  const __nv_bfloat16* row_src = op.base + col;
+  if constexpr (!kByToken) row_src += int64_t(row0 + r0) * op.stride;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int r = r0 + kStep * i;  // K row of the stage
+    bool ok = kStep * i < rows_left;
+    const __nv_bfloat16* src = op.base;
+    if constexpr (kByToken) {
+      // rows 0..31 are in id_lo, 32..63 in id_hi: which one is known at compile time
+      const int32_t id = __shfl_sync(0xffffffffu, kStep * i < 32 ? id_lo : id_hi, r % 32);
+      ok = ok && id >= 0 && id < p.num_assign;
+      if (ok) src = row_src + int64_t(uint32_t(id) / uint32_t(p.topk)) * op.stride;
+    } else {
+      if (ok) src = row_src + int64_t(kStep * i) * op.stride;
+    }
+    ptx::cp_async16(base[i % 2] + uint32_t(i * kStep * kRowBytes), src, ok ? 16u : 0u);
+  }
+}
+
+template <bool kATokens, class Cfg>
+__device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, const Smem<Cfg>& sm, int32_t items) {
+  const int t = int(threadIdx.x) - kConsumerThreads;
+  const int warp = t / 32, lane = t % 32;
+  Pipe<Cfg::kStages> pipe;
+  ItemRing ring;
+  int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
+  for (;;) {
+    if (t == 0) {  // publish: both consumer warpgroups take every item (live = 3)
+      ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
+      ptx::st_shared_u32(sm.item_slot(ring.slot), next);
+      ptx::st_shared_u32(sm.item_slot(ring.slot) + 4, 3);
+      ptx::mbar_arrive(sm.item_full(ring.slot));
+    }
+    const int32_t item = take_item(sm, ring, lane).item;
+    if (item >= items) break;
+    const WeightGradItem w = weight_grad_item(p, item);
+    const KRange k = k_range(p, w);
+    for (int32_t kt = 0; kt < k.k_tiles; ++kt, pipe.advance()) {
+      const int32_t row0 = k.first + kt * kBlockK;
+      // The stage's 64 ids, two a lane, loaded before the wait so their latency hides under it.
+      const int32_t id_lo = row0 + lane < k.end ? p.sorted_ids[row0 + lane] : -1;
+      const int32_t id_hi = row0 + 32 + lane < k.end ? p.sorted_ids[row0 + 32 + lane] : -1;
+      ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
+      load_rows<kWeightGradM, kATokens>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, id_lo, id_hi, warp, lane);
+      load_rows<kWeightGradN, !kATokens>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, id_lo, id_hi, warp,
+                                         lane);
+      ptx::cp_async_arrive_noinc(sm.full(pipe.stage));
+    }
+    if (t == 0) next = int32_t(gridDim.x) + atomicAdd(p.tile_counter, 1);
+  }
+  ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
+}
+
+// The finished tile to out (or this split's partials): this thread's two rows of each n8 block,
+// two adjacent columns a store. The mode is chosen once a tile and the row's address once a row,
+// so the 32 stores of a row are one base register and immediate offsets: the 128 accumulators
+// leave the consumer ~40 registers for everything else.
+template <class Cfg, class Store>
+__device__ __forceinline__ void store_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
+                                           const WeightGradItem& w, int wg, int warp, int lane, Store&& store) {
+  const int64_t col0 = w.n0 + 2 * (lane & 3);
+  const int64_t cols_left = p.n_dim - col0;  // n8 block j is in range iff 8j < cols_left
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t m = w.m0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h);
+    if (m >= p.m_dim) continue;
+    const int64_t offset = (int64_t(w.expert) * p.m_dim + m) * p.n_dim + col0;
+#pragma unroll
+    for (int j = 0; j < Cfg::kBlockN / 8; ++j)
+      if (8 * j < cols_left) store(offset + 8 * j, make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
+                                                  const WeightGradItem& w, int wg, int warp, int lane) {
+  if (p.partials) {
+    float* out = p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim;
+    store_rows<Cfg>(p, acc, w, wg, warp, lane,
+                    [&](int64_t i, float2 v) { *reinterpret_cast<float2*>(out + i) = v; });
+  } else if (p.f32 && p.accumulate) {
+    float* out = static_cast<float*>(p.out);
+    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, float2 v) {
+      float2* dst = reinterpret_cast<float2*>(out + i);
+      const float2 old = *dst;
+      *dst = make_float2(old.x + v.x, old.y + v.y);
+    });
+  } else if (p.f32) {
+    float* out = static_cast<float*>(p.out);
+    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, float2 v) { *reinterpret_cast<float2*>(out + i) = v; });
+  } else {
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+    store_rows<Cfg>(p, acc, w, wg, warp, lane,
+                    [&](int64_t i, float2 v) { *reinterpret_cast<uint32_t*>(out + i) = pack_bf16x2(v.x, v.y); });
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, const Smem<Cfg>& sm, int32_t items) {
+  // warp-uniform (see kernel.cuh's consume): the descriptors then live in uniform registers
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+  const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
+  // Warpgroup wg multiplies the tile's M rows [64wg, +64): A's panel wg.
+  const uint64_t desc_a0 = make_desc_mn_sw128(sm.a(0) + uint32_t(wg) * kMnPanelBytes);
+  const uint64_t desc_b0 = make_desc_mn_sw128(sm.b(0));
+  float acc[Cfg::kAccs];
+  Pipe<Cfg::kStages> pipe;
+  ItemRing ring;
+  Item it = take_item(sm, ring, lane);
+  while (it.item < items) {
+    const WeightGradItem w = weight_grad_item(p, it.item);
+    const KRange k = k_range(p, w);
+    const bool live = w.m0 + wg * kWgmmaM < p.m_dim;  // a partial last M tile may leave warpgroup 1 none
+    // Zeroed here (the first wgmma overwrites them where there is K): no accumulator is live from
+    // the epilogue to here, the registers the item's bookkeeping needs.
+#pragma unroll
+    for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
+    if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
+    const Item next = take_item(sm, ring, lane);
+    if (live) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
+    it = next;
+  }
+}
+
+template <bool kATokens>
+__global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGroupedParams p) {
+  using Cfg = WeightGradCfg;
+  extern __shared__ unsigned char smem_raw[];
+  if (threadIdx.x == 0) {
+    const Smem<Cfg> sm = smem_layout<Cfg>(smem_raw);
+    for (uint32_t s = 0; s < Cfg::kStages; ++s) {
+      ptx::mbar_init(sm.full(s), kProducerThreads);  // cp.async only: no TMA arrival
+      ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
+    }
+    for (uint32_t s = 0; s < kItemSlots; ++s) {
+      ptx::mbar_init(sm.item_full(s), Cfg::kItemFullArrivals);
+      ptx::mbar_init(sm.item_empty(s), Cfg::kItemEmptyArrivals);
+    }
+    ptx::mbar_init_fence();
+  }
+  dev::pdl_enter();  // launched with PDL: the rows, their order and the counts come from predecessors
+  __syncthreads();
+  const int32_t items = p.experts * p.splits * p.m_tiles * p.n_tiles;  // < 2^31: the launcher checks
+  // Nothing stays live across setmaxnreg (kernel.cuh): each role derives its state after it.
+  if (threadIdx.x >= kConsumerThreads) {
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    produce_weight_grad<kATokens>(p, smem_layout<Cfg>(smem_raw), items);
+  } else {
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+    consume_weight_grad(p, smem_layout<Cfg>(smem_raw), items);
+  }
+}
+
+}  // namespace moekit::kernels::gemm::sm90
