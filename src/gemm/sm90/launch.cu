@@ -163,6 +163,8 @@ void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_b
   if (items > INT32_MAX)
     fail("moe_backward", "shape", "the weight gradients' " + std::to_string(items) +
                                       " tiles exceed the wgmma kernel's 32-bit work items");
+  if (std::max(p.a.stride, p.b.stride) * 2 > int64_t(UINT32_MAX))
+    fail("moe_backward", "shape", "the weight gradients' operand rows exceed the wgmma kernel's 32-bit row bytes");
   if (a_by_token)
     launch_weight_grad_instance<true>(p, items, stream);
   else

@@ -62,14 +62,14 @@ __device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightG
 
 // One stage's K rows [row0, row0 + 64) of an operand W values wide from column mn0, by the
 // producer warp `warp` (0..3): a warp's cp.async is 32 chunks of 16 bytes, W / 8 chunks a row, so
-// it copies 256 / W rows at once, and a lane copies K rows r0 + kStep·i. kByToken: row r is
-// sorted_ids[r]'s token row (id_lo, id_hi: the ids of rows row0 + lane and row0 + 32 + lane, -1
-// past end); else one pointer walks the rows. What stays in registers across the K loop is a
-// lane's two shared-memory bases (mn_parity_base) and its bounds: nothing an i.
+// it copies 256 / W rows at once, and a lane copies K rows r0 + kStep·i. kByToken: row r is a token
+// row, tok[0] and tok[1] of lane r % 32 (r < 32, r >= 32; -1: no row, zero-filled); else one pointer
+// walks the rows. A copy is then a shuffle, a multiply-add and the cp.async: what stays in
+// registers across the K loop is a lane's two shared-memory bases (mn_parity_base) and its bounds.
 template <int W, bool kByToken>
 __device__ __forceinline__ void load_rows(const KGroupedParams& p, const KGroupedOperand& op, uint32_t dst,
-                                          int32_t row0, int32_t end, int64_t mn0, int64_t mn_dim, int32_t id_lo,
-                                          int32_t id_hi, int warp, int lane) {
+                                          int32_t row0, int32_t end, int64_t mn0, int64_t mn_dim,
+                                          const int32_t (&tok)[2], int warp, int lane) {
   constexpr int kRowChunks = W / 8, kRowsAtOnce = 32 / kRowChunks, kStep = 4 * kRowsAtOnce;
   constexpr int kIters = kBlockK / kStep;
   static_assert(32 % kRowChunks == 0 && kBlockK % kStep == 0 && (kStep == 4 || kStep == 8), "a warp copies whole rows");
@@ -79,21 +79,25 @@ __device__ __forceinline__ void load_rows(const KGroupedParams& p, const KGroupe
   const int32_t rows_left = col < mn_dim ? end - row0 - r0 : 0;  // copy i is real iff kStep·i < rows_left
   const uint32_t base[2] = {dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 0),
                             dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 1)};
-  const __nv_bfloat16* row_src = op.base + col;
-  if constexpr (!kByToken) row_src += int64_t(row0 + r0) * op.stride;
+  // Byte addresses: a copy's source is one IMAD.WIDE.U32 (row · row bytes + row_src); the row
+  // bytes fit 32 bits (the launcher checks), the product is 64-bit.
+  const uint32_t row_bytes = uint32_t(op.stride) * 2u;
+  const unsigned char* row_src = reinterpret_cast<const unsigned char*>(op.base + col);
+  if constexpr (!kByToken) row_src += uint64_t(uint32_t(row0 + r0)) * row_bytes;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int r = r0 + kStep * i;  // K row of the stage
     bool ok = kStep * i < rows_left;
-    const __nv_bfloat16* src = op.base;
+    uint32_t row;
     if constexpr (kByToken) {
-      // rows 0..31 are in id_lo, 32..63 in id_hi: which one is known at compile time
-      const int32_t id = __shfl_sync(0xffffffffu, kStep * i < 32 ? id_lo : id_hi, r % 32);
-      ok = ok && id >= 0 && id < p.num_assign;
-      if (ok) src = row_src + int64_t(uint32_t(id) / uint32_t(p.topk)) * op.stride;
+      // rows 0..31 are in tok[0], 32..63 in tok[1]: which one is known at compile time
+      const int32_t tok_row = __shfl_sync(0xffffffffu, tok[kStep * i < 32 ? 0 : 1], r % 32);
+      ok = ok && tok_row >= 0;
+      row = ok ? uint32_t(tok_row) : 0u;  // a copy of no row reads nothing (source size 0)
     } else {
-      if (ok) src = row_src + int64_t(kStep * i) * op.stride;
+      row = uint32_t(kStep * i);
     }
+    const void* src = row_src + uint64_t(row) * row_bytes;
     ptx::cp_async16(base[i % 2] + uint32_t(i * kStep * kRowBytes), src, ok ? 16u : 0u);
   }
 }
@@ -114,20 +118,30 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
     }
     const int32_t item = take_item(sm, ring, lane).item;
     if (item >= items) break;
+    if (t == 0) next = int32_t(gridDim.x) + atomicAdd(p.tile_counter, 1);  // its latency hides under the item
     const WeightGradItem w = weight_grad_item(p, item);
     const KRange k = k_range(p, w);
+    // Lane l's ids of the stage's K rows l and 32 + l, loaded one stage ahead (their latency hides
+    // under that stage's copies), and made token rows (id / topk; -1: past the expert's rows, or an
+    // id of no assignment) when their stage comes.
+    int32_t ids[2];
+    auto load_ids = [&](int32_t row0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) ids[h] = row0 + 32 * h + lane < k.end ? p.sorted_ids[row0 + 32 * h + lane] : -1;
+    };
+    if (k.k_tiles > 0) load_ids(k.first);
     for (int32_t kt = 0; kt < k.k_tiles; ++kt, pipe.advance()) {
       const int32_t row0 = k.first + kt * kBlockK;
-      // The stage's 64 ids, two a lane, loaded before the wait so their latency hides under it.
-      const int32_t id_lo = row0 + lane < k.end ? p.sorted_ids[row0 + lane] : -1;
-      const int32_t id_hi = row0 + 32 + lane < k.end ? p.sorted_ids[row0 + 32 + lane] : -1;
+      int32_t tok[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        tok[h] = ids[h] >= 0 && ids[h] < p.num_assign ? int32_t(uint32_t(ids[h]) / uint32_t(p.topk)) : -1;
+      if (kt + 1 < k.k_tiles) load_ids(row0 + kBlockK);
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
-      load_rows<kWeightGradM, kATokens>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, id_lo, id_hi, warp, lane);
-      load_rows<kWeightGradN, !kATokens>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, id_lo, id_hi, warp,
-                                         lane);
+      load_rows<kWeightGradM, kATokens>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, tok, warp, lane);
+      load_rows<kWeightGradN, !kATokens>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, tok, warp, lane);
       ptx::cp_async_arrive_noinc(sm.full(pipe.stage));
     }
-    if (t == 0) next = int32_t(gridDim.x) + atomicAdd(p.tile_counter, 1);
   }
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
 }
