@@ -12,6 +12,7 @@
 // used are read on the device (num_rows_padded), as the forward's GEMMs read them.
 #include <nvtx3/nvToolsExt.h>
 
+#include <array>
 #include <cstdint>
 
 #include "backward/params.hpp"
@@ -103,45 +104,55 @@ kb::WeightOut weight_out(const Tensor& out, const Tensor& partials, int splits, 
   return o;
 }
 
-// dW2 and dW13 on the mma.sync weight-gradient tile (WeightTile<ragged_tile_rows>): a CTA per
-// (tile, expert, split), into the outputs or, with plan.dw_splits > 1, the FP32 partials.
+// The two weight-gradient GEMMs, as both kernels take them: per expert out_e [m, n] = Σ_r
+// a[r]ᵀ·b[r] over its sorted rows r, a row of a or b being the row itself or its token's row.
+//   dW2_e  [H, F]  = Σ dy_tᵀ·act_w[r]   (a = dy by token, b = act_w)
+//   dW13_e [2F, H] = Σ dh[r]ᵀ·x_t       (a = dh, b = x by token)
+struct WeightGemm {
+  const kb::bf16* a;
+  int64_t m;
+  bool a_by_token;  // else b is
+  const kb::bf16* b;
+  int64_t n;
+  const Tensor& out;
+  const Tensor& partials;
+};
+std::array<WeightGemm, 2> weight_gemms(const MoeShape& s, const BackwardWorkspace& ws, const BackwardGrads& grads,
+                                       const kb::bf16* dy, const kb::bf16* x) {
+  const int64_t H = s.hidden, F = s.inter;
+  return {WeightGemm{dy, H, true, ws.act_w.as<const kb::bf16>(), F, grads.dw2, ws.dw2_partials},
+          WeightGemm{ws.dh.as<const kb::bf16>(), 2 * F, false, x, H, grads.dw13, ws.dw13_partials}};
+}
+
+// On the mma.sync weight-gradient tile (WeightTile<ragged_tile_rows>): a CTA per (tile, expert,
+// split), into the outputs or, with plan.dw_splits > 1, the FP32 partials.
 void launch_mma_sync_weight_grads(const BackwardPlan& plan, const kb::Layout& layout, const BackwardInputs& in,
-                                  const BackwardWorkspace& ws, const BackwardGrads& grads, const kb::bf16* dy,
-                                  const kb::bf16* x, cudaStream_t stream) {
-  const MoeShape& s = plan.shape;
-  const int64_t H = s.hidden, F = s.inter, E = s.experts;
+                                  const BackwardWorkspace& ws, const std::array<WeightGemm, 2>& gemms,
+                                  cudaStream_t stream) {
+  const int64_t E = plan.shape.experts;
   const int S = plan.dw_splits;
-  const bool acc = plan.options.accumulate_weight_grads;
   kb::WeightGradParams p{};
   p.layout = layout;
   p.expert_row_start = ws.expert_row_start.as<const int32_t>();
   p.expert_counts = in.expert_counts.as<const int32_t>();
   p.splits = S;
-  // dW2_e [H, F] = Σ_r dy_tᵀ·act_w[r]: M = H from dy by token, N = F from act_w.
-  p.a = kb::SortedOperand{dy, H, true};
-  p.b = kb::SortedOperand{ws.act_w.as<const kb::bf16>(), F, false};
   const TiledKernel<kb::WeightGradParams> wk = plan.ragged_tile_rows() == 128
                                                    ? tiled<kb::WeightTile<128>, kb::weight_grad_kernel<128>>()
                                                    : tiled<kb::WeightTile<64>, kb::weight_grad_kernel<64>>();
-  auto weight_grid = [&](int64_t rows, int64_t cols) {
-    return dim3(unsigned(cdiv(rows, wk.bm) * cdiv(cols, wk.bn)), unsigned(E), unsigned(S));
-  };
-  p.out = weight_out(grads.dw2, ws.dw2_partials, S, acc, H, F, E);
-  launch_tiled("weight_grad_kernel", wk, weight_grid(H, F), p, stream);
-  // dW13_e [2F, H] = Σ_r dh[r]ᵀ·x_t: M = 2F from dh, N = H from x by token.
-  p.a = kb::SortedOperand{ws.dh.as<const kb::bf16>(), 2 * F, false};
-  p.b = kb::SortedOperand{x, H, true};
-  p.out = weight_out(grads.dw13, ws.dw13_partials, S, acc, 2 * F, H, E);
-  launch_tiled("weight_grad_kernel", wk, weight_grid(2 * F, H), p, stream);
+  for (const WeightGemm& g : gemms) {
+    p.a = kb::SortedOperand{g.a, g.m, g.a_by_token};
+    p.b = kb::SortedOperand{g.b, g.n, !g.a_by_token};
+    p.out = weight_out(g.out, g.partials, S, plan.options.accumulate_weight_grads, g.m, g.n, E);
+    const dim3 grid(unsigned(cdiv(g.m, wk.bm) * cdiv(g.n, wk.bn)), unsigned(E), unsigned(S));
+    launch_tiled("weight_grad_kernel", wk, grid, p, stream);
+  }
 }
 
-// dW2 and dW13 on the wgmma weight-gradient kernel (plan.dw_wgmma), into the outputs or, with
-// plan.dw_splits > 1, the FP32 partials the split sums add.
+// On the wgmma weight-gradient kernel (plan.dw_wgmma), into the outputs or, with plan.dw_splits
+// > 1, the FP32 partials the split sums add.
 void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, const BackwardInputs& in,
-                               const BackwardWorkspace& ws, const BackwardGrads& grads, const kb::bf16* dy,
-                               const kb::bf16* x, cudaStream_t stream) {
-  const MoeShape& s = plan.shape;
-  const int64_t H = s.hidden, F = s.inter;
+                               const BackwardWorkspace& ws, const std::array<WeightGemm, 2>& gemms,
+                               cudaStream_t stream) {
   kernels::gemm::KGroupedParams p{};
   p.sorted_ids = L.sorted_ids;
   p.expert_row_start = ws.expert_row_start.as<const int32_t>();
@@ -149,26 +160,18 @@ void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, co
   p.tile_counter = ws.gemm_counter.as<int32_t>();
   p.num_assign = L.num_assign;
   p.topk = L.topk;
-  p.experts = int32_t(s.experts);
+  p.experts = int32_t(plan.shape.experts);
   p.splits = plan.dw_splits;
   p.accumulate = plan.options.accumulate_weight_grads;
-  auto set_out = [&](const Tensor& out, const Tensor& partials) {
-    p.out = out.data;
-    p.f32 = out.dtype == DType::f32;
-    p.partials = plan.dw_splits > 1 ? partials.as<float>() : nullptr;
-  };
-  // dW2_e [H, F] = Σ_r dy_tᵀ·act_w[r]: M = H from dy by token, N = F from act_w.
-  p.a = {dy, H};
-  p.b = {ws.act_w.as<const kb::bf16>(), F};
-  p.m_dim = H, p.n_dim = F;
-  set_out(grads.dw2, ws.dw2_partials);
-  detail::launch_sm90_weight_grad(p, true, stream);
-  // dW13_e [2F, H] = Σ_r dh[r]ᵀ·x_t: M = 2F from dh, N = H from x by token.
-  p.a = {ws.dh.as<const kb::bf16>(), 2 * F};
-  p.b = {x, H};
-  p.m_dim = 2 * F, p.n_dim = H;
-  set_out(grads.dw13, ws.dw13_partials);
-  detail::launch_sm90_weight_grad(p, false, stream);
+  for (const WeightGemm& g : gemms) {
+    p.a = {g.a, g.m};
+    p.b = {g.b, g.n};
+    p.m_dim = g.m, p.n_dim = g.n;
+    p.out = g.out.data;
+    p.f32 = g.out.dtype == DType::f32;
+    p.partials = plan.dw_splits > 1 ? g.partials.as<float>() : nullptr;
+    detail::launch_sm90_weight_grad(p, g.a_by_token, stream);
+  }
 }
 
 void launch_split_sum(const Tensor& partials, int splits, const Tensor& out, bool accumulate, cudaStream_t stream) {
@@ -337,14 +340,13 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     launch_pdl("expert_row_start_kernel", kb::expert_row_start_kernel, dim3(1), dim3(32), 0, stream, r);
     const int S = plan.dw_splits;
     const bool acc = o.accumulate_weight_grads;
+    const std::array<WeightGemm, 2> gemms = weight_gemms(plan.shape, ws, grads, dy, x);
     if (plan.dw_wgmma)
-      launch_wgmma_weight_grads(plan, layout, in, ws, grads, dy, x, stream);
+      launch_wgmma_weight_grads(plan, layout, in, ws, gemms, stream);
     else
-      launch_mma_sync_weight_grads(plan, layout, in, ws, grads, dy, x, stream);
-    if (S > 1) {
-      launch_split_sum(ws.dw2_partials, S, grads.dw2, acc, stream);
-      launch_split_sum(ws.dw13_partials, S, grads.dw13, acc, stream);
-    }
+      launch_mma_sync_weight_grads(plan, layout, in, ws, gemms, stream);
+    if (S > 1)
+      for (const WeightGemm& g : gemms) launch_split_sum(g.partials, S, g.out, acc, stream);
   }
   nvtxRangePop();
 }

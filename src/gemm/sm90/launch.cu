@@ -83,7 +83,7 @@ int64_t persistent_sms() {
     MK_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
     MK_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     if (int64_t(optin) < int64_t(Cfg::kSmemBytes))
-      throw CudaError("sm90 expert GEMM: needs " + std::to_string(Cfg::kSmemBytes) +
+      throw CudaError("sm90 GEMM kernel: needs " + std::to_string(Cfg::kSmemBytes) +
                       " bytes of shared memory per block, the device allows " + std::to_string(optin));
     MK_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Cfg::kSmemBytes)));
     return int64_t(count);
@@ -163,8 +163,8 @@ void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_b
   if (items > INT32_MAX)
     fail("moe_backward", "shape", "the weight gradients' " + std::to_string(items) +
                                       " tiles exceed the wgmma kernel's 32-bit work items");
-  if (std::max(p.a.stride, p.b.stride) * 2 > int64_t(UINT32_MAX))
-    fail("moe_backward", "shape", "the weight gradients' operand rows exceed the wgmma kernel's 32-bit row bytes");
+  static_assert(2 * std::max(2 * kMaxInter, kMaxHidden) <= int64_t(UINT32_MAX),
+                "the weight-gradient producer forms row bytes (2F or H bf16) in 32 bits");
   if (a_by_token)
     launch_weight_grad_instance<true>(p, items, stream);
   else

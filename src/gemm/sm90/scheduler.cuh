@@ -48,7 +48,18 @@ struct Item {
   int32_t item, live;
 };
 
-// The claiming thread: publishes `item` (>= items: the end) with its live warpgroups.
+// The claiming thread: posts `item` (>= items: the end) and its live warpgroups (bit w: warpgroup
+// w has work) to the ring once its slot is free.
+template <class Cfg>
+__device__ __forceinline__ void post_item(const Smem<Cfg>& sm, const ItemRing& ring, int32_t item, int32_t live) {
+  ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
+  ptx::st_shared_u32(sm.item_slot(ring.slot), item);
+  ptx::st_shared_u32(sm.item_slot(ring.slot) + 4, live);
+  ptx::mbar_arrive(sm.item_full(ring.slot));
+}
+
+// The expert GEMM's claiming thread: publishes `item` with its live warpgroups (those with a row
+// of an assignment).
 template <class Cfg>
 __device__ __forceinline__ void publish_item(const Params& p, const Smem<Cfg>& sm, const ItemRing& ring, int32_t item,
                                              int32_t items, int32_t blocks) {
@@ -58,14 +69,11 @@ __device__ __forceinline__ void publish_item(const Params& p, const Smem<Cfg>& s
 #pragma unroll
     for (int w = 0; w < kConsumerWarpgroups; ++w) live |= int32_t(p.sorted_ids[row0 + w * kWgmmaM] < p.num_assign) << w;
   }
-  ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
-  ptx::st_shared_u32(sm.item_slot(ring.slot), item);
-  ptx::st_shared_u32(sm.item_slot(ring.slot) + 4, live);
-  ptx::mbar_arrive(sm.item_full(ring.slot));
+  post_item(sm, ring, item, live);
 }
 
 // The next unclaimed item, for the claiming thread (its first item is blockIdx.x).
-__device__ __forceinline__ int32_t claim_item(const Params& p) { return int32_t(gridDim.x) + atomicAdd(p.tile_counter, 1); }
+__device__ __forceinline__ int32_t claim_item(int32_t* tile_counter) { return int32_t(gridDim.x) + atomicAdd(tile_counter, 1); }
 
 // Called by all 32 lanes of a warp: the next item.
 template <class Cfg>

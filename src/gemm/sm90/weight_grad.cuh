@@ -80,7 +80,7 @@ __device__ __forceinline__ void load_rows(const KGroupedParams& p, const KGroupe
   const uint32_t base[2] = {dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 0),
                             dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 1)};
   // Byte addresses: a copy's source is one IMAD.WIDE.U32 (row · row bytes + row_src); the row
-  // bytes fit 32 bits (the launcher checks), the product is 64-bit.
+  // bytes fit 32 bits (the shape limits: a static_assert beside the launcher), the product is 64-bit.
   const uint32_t row_bytes = uint32_t(op.stride) * 2u;
   const unsigned char* row_src = reinterpret_cast<const unsigned char*>(op.base + col);
   if constexpr (!kByToken) row_src += uint64_t(uint32_t(row0 + r0)) * row_bytes;
@@ -110,15 +110,10 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
   ItemRing ring;
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
   for (;;) {
-    if (t == 0) {  // publish: both consumer warpgroups take every item (live = 3)
-      ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
-      ptx::st_shared_u32(sm.item_slot(ring.slot), next);
-      ptx::st_shared_u32(sm.item_slot(ring.slot) + 4, 3);
-      ptx::mbar_arrive(sm.item_full(ring.slot));
-    }
+    if (t == 0) post_item(sm, ring, next, 3);  // both warpgroups take every item (see consume_weight_grad)
     const int32_t item = take_item(sm, ring, lane).item;
     if (item >= items) break;
-    if (t == 0) next = int32_t(gridDim.x) + atomicAdd(p.tile_counter, 1);  // its latency hides under the item
+    if (t == 0) next = claim_item(p.tile_counter);  // claimed now: its latency hides under the item
     const WeightGradItem w = weight_grad_item(p, item);
     const KRange k = k_range(p, w);
     // Lane l's ids of the stage's K rows l and 32 + l, loaded one stage ahead (their latency hides
@@ -221,10 +216,11 @@ template <bool kATokens>
 __global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGroupedParams p) {
   using Cfg = WeightGradCfg;
   extern __shared__ unsigned char smem_raw[];
+  // The expert GEMM kernel's barriers (kernel.cuh), its "full" expecting the cp.async arrivals only.
   if (threadIdx.x == 0) {
     const Smem<Cfg> sm = smem_layout<Cfg>(smem_raw);
     for (uint32_t s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(sm.full(s), kProducerThreads);  // cp.async only: no TMA arrival
+      ptx::mbar_init(sm.full(s), kProducerThreads);
       ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
     }
     for (uint32_t s = 0; s < kItemSlots; ++s) {
