@@ -25,7 +25,8 @@ enum class SavedActivations : int {
   // FLOPs, a third of the backward's 12·T·k·H·F) for no activation memory.
   recompute,
   // h [max_rows, 2F] bf16: the up GEMM's gate|up values before SwiGLU, in sorted order (row r is
-  // assignment sorted_ids[r]'s), 2·max_rows·2F bytes kept from the forward to the backward.
+  // assignment sorted_ids[r]'s), 2·max_rows·2F bytes kept from the forward to the backward: a
+  // forward planned with ForwardPlan::save_h writes it to the h it is given.
   h,
 };
 
@@ -139,7 +140,8 @@ struct BackwardInputs {
   Tensor block_expert;     // [max_blocks] i32
   Tensor num_rows_padded;  // [1] i32
   Tensor expert_counts;    // [E] i32
-  Tensor h;                // [max_rows, 2F] bf16: SavedActivations::h only
+  Tensor h;                // [max_rows, 2F] bf16: SavedActivations::h only — the h a forward planned with
+                           // ForwardPlan::save_h wrote, or g | u of each sorted row computed elsewhere
   Tensor dy;               // [T, H] bf16: the gradient of the layer's output y
   // [T, E] f32, optional (RouterGrad::gate): the gradient of losses the caller computed from the
   // logits (a load-balancing loss, a z-loss), added to the router's d_logits before d_w_gate and the

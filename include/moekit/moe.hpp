@@ -131,6 +131,13 @@ struct ForwardPlan {
   int down_splits = 1;
   RouterPlan router;
   AlignKernel align = AlignKernel::warp;
+  // The training forward (bf16 plans): the up GEMM also stores h = g | u, its gate and up values
+  // before SwiGLU, in sorted order, to the caller's h [max_rows, 2F] bf16 (the last argument of
+  // moe_forward, experts_forward and expert_up), for moe_backward with SavedActivations::h
+  // (moekit/backward.hpp): the backward then skips h's recomputation, one up GEMM, for
+  // 2·max_rows·2F bytes kept until it has run. Off: h is not taken. Set it after plan_forward (the
+  // configs and the workspace do not change).
+  bool save_h = false;
   // Where the GEMM configs came from: "table:configs/<device>.json(rows/expert<=B)" (a bucket of a
   // measured table), "heuristic", or "given" (plan_forward_with).
   std::string source = "given";
@@ -258,8 +265,10 @@ void align(const ForwardPlan& plan, const Tensor& topk_ids, const Workspace& ws,
 // fp8 plans: x is ws.x_q (e4m3, its scales in ws.x_scale: quantize_tokens), w13 is e4m3 with its
 // block scales w13_scale [E, 2·ceil(F/128), ceil(H/128)] f32; act is stored as e4m3 with its
 // scales in ws.act_scale (each row's 128-column group quantized as quantize_tokens does).
+// plan.save_h (bf16): h [max_rows, 2F] bf16 gets g | u of every sorted row too (rows of padding
+// are not written); it may share no byte with the other arguments or the workspace.
 void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Workspace& ws,
-               cudaStream_t stream, const Tensor& w13_scale = Tensor());
+               cudaStream_t stream, const Tensor& w13_scale = Tensor(), const Tensor& h = Tensor());
 // y_rows[a] = topk_weights[a] · act[r]·W2ᵀ for every sorted row r of assignment a
 // (plan.down_splits > 1: y_partials[s][a] = topk_weights[a] · the s-th K-slice of that product).
 // fp8 plans: w2 is e4m3 with its block scales w2_scale [E, ceil(H/128), ceil(F/128)] f32.
@@ -284,15 +293,18 @@ struct MoeInputs {
   Tensor w2_scale;    // fp8 plans: [E, ceil(H/128), ceil(F/128)] f32 block scales; else absent
 };
 // expert_load [E] i64 (optional, see "Load statistics"): gains this call's assignments per expert.
+// h [max_rows, 2F] bf16: required when plan.save_h (the training forward), refused otherwise; the up
+// GEMM writes g | u of each sorted row there (BackwardInputs::h of this layer's backward, with the
+// workspace's layout), sharing no byte with any other argument or the workspace.
 void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptions& opt,
                  const Tensor& y, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                 const Tensor& expert_load = Tensor());
+                 const Tensor& expert_load = Tensor(), const Tensor& h = Tensor());
 // Stages 2-5 with routing given by the caller (topk_ids [T,k] i32, topk_weights [T,k] f32);
-// expert_load as in moe_forward (the histogram of the given topk_ids).
+// expert_load and h as in moe_forward (the histogram of the given topk_ids).
 void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Tensor& w2,
                      const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y,
                      void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                     const Tensor& expert_load = Tensor());
+                     const Tensor& expert_load = Tensor(), const Tensor& h = Tensor());
 // The expert weights of any precision: bf16 w13/w2 without scales, or e4m3 with their block scales.
 struct ExpertWeights {
   Tensor w13, w2;
@@ -301,6 +313,6 @@ struct ExpertWeights {
 void experts_forward(const ForwardPlan& plan, const Tensor& x, const ExpertWeights& weights,
                      const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y,
                      void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                     const Tensor& expert_load = Tensor());
+                     const Tensor& expert_load = Tensor(), const Tensor& h = Tensor());
 
 }  // namespace moekit

@@ -127,6 +127,8 @@ void expect_plan(const ForwardPlan& plan, const char* entry) {
   if (!tuning::align_kernel_fits(plan.align, s.tokens * s.topk))
     fail(entry, "plan", "align kernel '" + tuning::to_string(plan.align) + "' cannot take T*k = " +
                             std::to_string(s.tokens * s.topk) + " assignments: the shape changed after plan_forward; plan again");
+  if (plan.save_h && plan.precision() != Precision::bf16)
+    fail(entry, "plan", "save_h keeps h for the bf16 backward: an fp8 plan has none (set save_h only on bf16 plans)");
   if (!tuning::select_kernel_fits(plan.router.select, s.experts))
     fail(entry, "plan", "selection kernel '" + tuning::to_string(plan.router.select) + "' cannot take " +
                             std::to_string(s.experts) + " experts: the shape changed after plan_forward; plan again");
@@ -214,6 +216,18 @@ bool expect_expert_load(const char* entry, const Tensor& expert_load, int64_t ex
       fail(entry, arg, std::string("overlaps '") + other.name +
                            "' in memory: the counter is added to while the layer uses it; give it a buffer of its own");
   return true;
+}
+
+void expect_saved_h(const char* entry, const ForwardPlan& plan, const Tensor& h, const std::vector<Span>& others) {
+  if (!plan.save_h) {
+    if (h.given()) fail(entry, "h", "given, but plan.save_h is false: set it to keep h for the backward, or pass no h");
+    return;
+  }
+  expect_tensor(entry, "h", h, DType::bf16, {plan.max_rows(), 2 * plan.shape.inter});
+  const Span mine = span_of("h", h);
+  for (const Span& other : others)
+    if (overlap(mine, other))
+      fail(entry, "h", std::string("overlaps '") + other.name + "' in memory: give h a buffer of its own");
 }
 
 }  // namespace moekit::detail

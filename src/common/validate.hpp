@@ -65,6 +65,9 @@ struct Span {
 Span span_of(const char* name, const Tensor& t);
 Span span_of(const char* name, const void* base, size_t bytes);
 bool overlap(const Span& a, const Span& b);
+// The training forward's h (plan.save_h): [max_rows, 2F] bf16, sharing no byte with `others`;
+// refused ('h') when the plan does not save it.
+void expect_saved_h(const char* entry, const ForwardPlan& plan, const Tensor& h, const std::vector<Span>& others);
 
 // The opt-in load counter (moe.hpp, "Load statistics"): absent, or [E] i64 with a non-null,
 // 8-byte aligned pointer (its elements are added to one at a time: no 16-byte vectors), sharing

@@ -6,6 +6,7 @@
 // whose gate kernel reads x anyway (RouterPlan::quantize_x), else in a pass before align; the
 // GEMMs read e4m3 weights with their block scales (docs/design.md, "FP8").
 // The opt-in load counter (expert_load) is added to inside align's kernel: no launch of its own.
+// The training forward (plan.save_h) writes h from the up GEMM's epilogue: no launch of its own.
 #include <nvtx3/nvToolsExt.h>
 
 #include <vector>
@@ -45,15 +46,15 @@ std::vector<detail::Span> layer_spans(const ForwardPlan& plan, const Tensor& x, 
 // Stages 2-5 on a carved workspace, arguments validated (fp8: the tokens quantized first, unless
 // the router did: x_quantized).
 void run_experts(const ForwardPlan& plan, const void* x, const ExpertWeights& w, const int32_t* topk_ids,
-                 const float* topk_weights, void* y, const Workspace& ws, int64_t* expert_load, cudaStream_t stream,
-                 bool x_quantized = false) {
+                 const float* topk_weights, void* y, const Workspace& ws, int64_t* expert_load, void* h,
+                 cudaStream_t stream, bool x_quantized = false) {
   const MoeShape& s = plan.shape;
   const bool fp8 = plan.precision() == Precision::fp8;
   if (fp8 && !x_quantized)
     detail::launch_quantize_tokens(x, s.tokens, s.hidden, ws.x_q.data, ws.x_scale.as<float>(), stream);
   detail::launch_align(plan.align, topk_ids, s.tokens * s.topk, int(s.experts), plan.block_m(),
                        detail::align_outputs(plan, ws), expert_load, stream);
-  detail::launch_expert_up(plan, fp8 ? ws.x_q.data : x, w.w13.data, ws, stream, w.w13_scale.as<const float>());
+  detail::launch_expert_up(plan, fp8 ? ws.x_q.data : x, w.w13.data, ws, stream, w.w13_scale.as<const float>(), h);
   detail::launch_expert_down(plan, w.w2.data, topk_weights, ws, stream, w.w2_scale.as<const float>());
   if (plan.down_splits > 1)
     detail::launch_combine_partials(ws.y_partials.as<const float>(), plan.down_splits, y, s.tokens, s.hidden,
@@ -65,14 +66,14 @@ void run_experts(const ForwardPlan& plan, const void* x, const ExpertWeights& w,
 
 void experts_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Tensor& w2,
                      const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& y, void* workspace,
-                     size_t workspace_bytes, cudaStream_t stream, const Tensor& expert_load) {
+                     size_t workspace_bytes, cudaStream_t stream, const Tensor& expert_load, const Tensor& h) {
   experts_forward(plan, x, ExpertWeights{w13, w2, {}, {}}, topk_ids, topk_weights, y, workspace, workspace_bytes,
-                  stream, expert_load);
+                  stream, expert_load, h);
 }
 
 void experts_forward(const ForwardPlan& plan, const Tensor& x, const ExpertWeights& w, const Tensor& topk_ids,
                      const Tensor& topk_weights, const Tensor& y, void* workspace, size_t workspace_bytes,
-                     cudaStream_t stream, const Tensor& expert_load) {
+                     cudaStream_t stream, const Tensor& expert_load, const Tensor& h) {
   const char* fn = "experts_forward";
   const MoeShape& s = plan.shape;
   detail::expect_plan(plan, fn);
@@ -80,20 +81,23 @@ void experts_forward(const ForwardPlan& plan, const Tensor& x, const ExpertWeigh
   detail::expect_tensor(fn, "topk_ids", topk_ids, DType::i32, {s.tokens, s.topk});
   detail::expect_tensor(fn, "topk_weights", topk_weights, DType::f32, {s.tokens, s.topk});
   const Workspace ws = detail::carve_named(plan, workspace, workspace_bytes, fn, "workspace", "workspace_bytes");
+  std::vector<detail::Span> spans = layer_spans(plan, x, w, y, workspace);
+  spans.push_back(detail::span_of("topk_ids", topk_ids));
+  spans.push_back(detail::span_of("topk_weights", topk_weights));
+  detail::expect_saved_h(fn, plan, h, spans);
   if (expert_load.given()) {
-    std::vector<detail::Span> spans = layer_spans(plan, x, w, y, workspace);
-    spans.push_back(detail::span_of("topk_ids", topk_ids));
-    spans.push_back(detail::span_of("topk_weights", topk_weights));
+    spans.push_back(detail::span_of("h", h));
     detail::expect_expert_load(fn, expert_load, s.experts, spans);
   }
   nvtxRangePushA("moekit.experts_forward");
   run_experts(plan, x.data, w, topk_ids.as<const int32_t>(), topk_weights.as<const float>(), y.data, ws,
-              expert_load.as<int64_t>(), stream);
+              expert_load.as<int64_t>(), h.data, stream);
   nvtxRangePop();
 }
 
 void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptions& opt, const Tensor& y,
-                 void* workspace, size_t workspace_bytes, cudaStream_t stream, const Tensor& expert_load) {
+                 void* workspace, size_t workspace_bytes, cudaStream_t stream, const Tensor& expert_load,
+                 const Tensor& h) {
   const char* fn = "moe_forward";
   const MoeShape& s = plan.shape;
   detail::expect_plan(plan, fn);
@@ -103,11 +107,13 @@ void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptio
   detail::expect_router_inputs(fn, "router_logits", in.x, in.w_gate, in.router_logits, in.score_bias, opt, s.tokens,
                                s.topk, s.experts, s.hidden);
   const Workspace ws = detail::carve_named(plan, workspace, workspace_bytes, fn, "workspace", "workspace_bytes");
+  std::vector<detail::Span> spans = layer_spans(plan, in.x, w, y, workspace);
+  spans.push_back(detail::span_of("w_gate", in.w_gate));
+  spans.push_back(detail::span_of("router_logits", in.router_logits));
+  spans.push_back(detail::span_of("score_bias", in.score_bias));
+  detail::expect_saved_h(fn, plan, h, spans);
   if (expert_load.given()) {
-    std::vector<detail::Span> spans = layer_spans(plan, in.x, w, y, workspace);
-    spans.push_back(detail::span_of("w_gate", in.w_gate));
-    spans.push_back(detail::span_of("router_logits", in.router_logits));
-    spans.push_back(detail::span_of("score_bias", in.score_bias));
+    spans.push_back(detail::span_of("h", h));
     detail::expect_expert_load(fn, expert_load, s.experts, spans);
   }
   nvtxRangePushA("moekit.moe_forward");
@@ -121,7 +127,7 @@ void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptio
                                                  s.experts, s.topk),
                            in.w_gate.dtype, ws.router_logits.as<float>(), stream, xq);
   run_experts(plan, in.x.data, w, ws.topk_ids.as<const int32_t>(), ws.topk_weights.as<const float>(), y.data, ws,
-              expert_load.as<int64_t>(), stream, x_quantized);
+              expert_load.as<int64_t>(), h.data, stream, x_quantized);
   nvtxRangePop();
 }
 

@@ -43,7 +43,7 @@ void launch(Mode mode, const ForwardPlan& plan, const GemmConfig& c, const Param
 }  // namespace
 
 void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, const Workspace& ws,
-                      cudaStream_t stream, const float* w13_scale) {
+                      cudaStream_t stream, const float* w13_scale, void* h) {
   const MoeShape& s = plan.shape;
   if (s.tokens == 0) return;
   Params p = routing_params(plan, ws);
@@ -61,8 +61,9 @@ void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, c
     p.b_up_block0 = fp8_blocks(s.inter);
     p.b_scale_expert_stride = w13_scale_rows(s.inter) * fp8_blocks(s.hidden);
   }
+  if (plan.save_h) p.h_out = static_cast<__nv_bfloat16*>(h);  // bf16 plans only (expect_plan)
   nvtxRangePushA("moekit.expert_up");
-  launch(Mode::Up, plan, plan.up, p, stream);
+  launch(plan.save_h ? Mode::UpSaveH : Mode::Up, plan, plan.up, p, stream);
   nvtxRangePop();
 }
 
@@ -96,7 +97,7 @@ void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* to
 }  // namespace detail
 
 void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, const Workspace& ws,
-               cudaStream_t stream, const Tensor& w13_scale) {
+               cudaStream_t stream, const Tensor& w13_scale, const Tensor& h) {
   const char* fn = "expert_up";
   const MoeShape& s = plan.shape;
   detail::expect_plan(plan, fn);
@@ -107,7 +108,11 @@ void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, cons
   detail::expect_workspace(plan, ws, fn);
   if (fp8 && x.data != ws.x_q.data)
     detail::fail(fn, "x", "an fp8 plan's up GEMM reads ws.x_q (with ws.x_scale, from quantize_tokens): pass ws.x_q");
-  detail::launch_expert_up(plan, x.data, w13.data, ws, stream, w13_scale.as<const float>());
+  using detail::span_of;
+  detail::expect_saved_h(fn, plan, h,
+                         {span_of("x", x), span_of("w13", w13), span_of("ws.act", ws.act), span_of("ws.sorted_ids", ws.sorted_ids),
+                          span_of("ws.block_expert", ws.block_expert), span_of("ws.num_rows_padded", ws.num_rows_padded)});
+  detail::launch_expert_up(plan, x.data, w13.data, ws, stream, w13_scale.as<const float>(), h.data);
 }
 
 void expert_down(const ForwardPlan& plan, const Tensor& w2, const Tensor& topk_weights, const Workspace& ws,

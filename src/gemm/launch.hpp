@@ -15,8 +15,9 @@ namespace moekit::detail {
 
 // act = SwiGLU(x·W13ᵀ) for every sorted row of ws (x [T, H], w13 [E, 2F, H]), with plan.up.
 // fp8 plans: x is ws.x_q (its scales ws.x_scale), w13 e4m3 with w13_scale; act and act_scale out.
+// plan.save_h: h [max_rows, 2F] gets g | u of each sorted row too.
 void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, const Workspace& ws,
-                      cudaStream_t stream, const float* w13_scale = nullptr);
+                      cudaStream_t stream, const float* w13_scale = nullptr, void* h = nullptr);
 // y_rows (or y_partials) = topk_weights · act·W2ᵀ for every sorted row of ws, with plan.down.
 // fp8 plans: act e4m3 with ws.act_scale, w2 e4m3 with w2_scale.
 void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,

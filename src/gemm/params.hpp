@@ -19,12 +19,17 @@ namespace moekit::kernels::gemm {
 //           epilogue (the Params' h, dh, act_w, dw_partials);
 // and, with B K-major as Up's:
 //   UpH   — the recomputation of h = x·W13_eᵀ: Up's gather and paired gate/up B, g and u stored
-//           as they are to h [max_rows, 2F] (out, row stride 2F) in sorted order.
-enum class Mode { Up, Down, Dx, DGrad, UpH };
+//           as they are to h [max_rows, 2F] (out, row stride 2F) in sorted order;
+//   UpSaveH — the training forward's Up (ForwardPlan::save_h): act to out as Up, and g and u to
+//           h_out as UpH stores them (the wgmma kernel's mode; the mma.sync kernel runs Up with an
+//           epilogue part that does the same).
+enum class Mode { Up, Down, Dx, DGrad, UpH, UpSaveH };
 // A rows gathered by token (x, dy: row a / k), else the sorted row itself.
-MK_HD constexpr bool a_by_token(Mode m) { return m == Mode::Up || m == Mode::DGrad || m == Mode::UpH; }
+MK_HD constexpr bool a_by_token(Mode m) {
+  return m == Mode::Up || m == Mode::DGrad || m == Mode::UpH || m == Mode::UpSaveH;
+}
 // B = a tile's gate rows and the same up rows of w13 (one act column per pair).
-MK_HD constexpr bool pairs_gate_up(Mode m) { return m == Mode::Up || m == Mode::UpH; }
+MK_HD constexpr bool pairs_gate_up(Mode m) { return m == Mode::Up || m == Mode::UpH || m == Mode::UpSaveH; }
 // B read N-major (the backward's modes), else K-major.
 MK_HD constexpr bool b_n_major(Mode m) { return m == Mode::Dx || m == Mode::DGrad; }
 
@@ -66,6 +71,8 @@ struct Params {
   __nv_bfloat16* dh;
   __nv_bfloat16* act_w;
   float* dw_partials;
+  // UpSaveH (bf16): h = g | u [max_rows, 2F] of each sorted row, beside act in out.
+  __nv_bfloat16* h_out;
 };
 
 // The backward's weight gradients on the wgmma kernel (sm90/weight_grad.cuh): per expert e a

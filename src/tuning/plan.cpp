@@ -35,7 +35,7 @@ std::string ForwardPlan::str() const {
          " k=" + std::to_string(shape.topk) + " block_m=" + std::to_string(block_m()) +
          " up=" + up.str() + " down=" + down.str() +
          (down_splits > 1 ? " down_splits=" + std::to_string(down_splits) : "") + " router=" + router.str() +
-         " align=" + tuning::to_string(align) + " source=" + source;
+         " align=" + tuning::to_string(align) + (save_h ? " save_h" : "") + " source=" + source;
 }
 
 ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,

@@ -244,6 +244,21 @@ TEST(Workspace, ViewsAreAlignedDisjointAndInsideTheBuffer) {
     }
 }
 
+// The training forward (save_h) writes h to a caller's tensor: its workspace is the plain plan's,
+// byte for byte, and its plan says save_h.
+TEST(Workspace, SaveHChangesNoWorkspaceByte) {
+  for (const Preset& p : kPresets)
+    for (int64_t T : {1, 1000, 4096}) {
+      SCOPED_TRACE(::testing::Message() << p.name << " T=" << T);
+      const ForwardPlan plain = plan_forward(shape_of(p, T), kH200);
+      ForwardPlan training = plain;
+      training.save_h = true;
+      EXPECT_EQ(workspace_bytes(training), workspace_bytes(plain));
+      EXPECT_NE(training.str().find(" save_h"), std::string::npos) << training.str();
+      EXPECT_EQ(plain.str().find("save_h"), std::string::npos) << plain.str();
+    }
+}
+
 TEST(Workspace, CarveRejectsBadBuffers) {
   const ForwardPlan plan = plan_forward(shape_of(kPresets[1], 256), kH200);
   const size_t bytes = workspace_bytes(plan);

@@ -117,6 +117,14 @@ TEST(Report, BackwardRowsCountTheirWork) {
   EXPECT_EQ(step.weight_bytes, layer.weight_bytes + b.weight_bytes);
   EXPECT_EQ(step.act_bytes, layer.act_bytes + b.act_bytes);
   EXPECT_DOUBLE_EQ(step.flops, 18.0 * double(A) * double(H) * double(F));
+  // With h kept by the forward: the same FLOPs and weights; h read once, not written and read, by
+  // the backward, and written by the forward instead.
+  const StageCost bh = stage_cost("backward-saved-h", s, routed), steph = stage_cost("forward+backward-saved-h", s, routed);
+  EXPECT_DOUBLE_EQ(bh.flops, b.flops);
+  EXPECT_EQ(bh.weight_bytes, b.weight_bytes);
+  EXPECT_EQ(bh.act_bytes, b.act_bytes - A * 2 * F * 2);
+  EXPECT_EQ(steph.act_bytes, layer.act_bytes + bh.act_bytes + A * 2 * F * 2);
+  EXPECT_DOUBLE_EQ(steph.flops, step.flops);
   EXPECT_THROW(stage_cost("backward", s, routed, Precision::fp8), Error) << "the backward is bf16 only";
 
   const auto dir = std::filesystem::temp_directory_path();

@@ -154,6 +154,50 @@ TEST(ExpertsForwardValidation, PlanThatNoLongerFitsItsShape) {
   EXPECT_TRUE(throws_naming([&] { l.experts(); }, "plan"));
 }
 
+// ---- the training forward (ForwardPlan::save_h) ----------------------------------------------
+
+// h [max_rows, 2F] bf16 is required with save_h and refused without it, in each entry that runs the
+// up GEMM; it may alias nothing; an fp8 plan cannot save it.
+struct TrainingLayer : Layer {
+  Tensor h;
+  TrainingLayer() {
+    plan.save_h = true;
+    h = Tensor(fake_ptr(11), DType::bf16, {plan.max_rows(), 2 * kF});
+  }
+  void experts() const {
+    experts_forward(plan, in.x, in.w13, in.w2, topk_ids, topk_weights, y, workspace, bytes, nullptr, Tensor(), h);
+  }
+  void moe() const { moe_forward(plan, in, opt, y, workspace, bytes, nullptr, Tensor(), h); }
+  void up() const { expert_up(plan, in.x, in.w13, carve_workspace(plan, workspace, bytes), nullptr, Tensor(), h); }
+};
+
+TEST(TrainingForwardValidation, SavedH) {
+  using Mutate = void (*)(TrainingLayer&);
+  const std::pair<const char*, Mutate> bad[] = {
+      {"save_h without h", [](TrainingLayer& l) { l.h = Tensor(); }},
+      {"h f32", [](TrainingLayer& l) { l.h.dtype = DType::f32; }},
+      {"h one row short", [](TrainingLayer& l) { l.h = with_shape(l.h, {l.plan.max_rows() - 1, 2 * kF}); }},
+      {"h F columns", [](TrainingLayer& l) { l.h = with_shape(l.h, {l.plan.max_rows(), kF}); }},
+      {"h null", [](TrainingLayer& l) { l.h = with_null_data(l.h); }},
+      {"h over y", [](TrainingLayer& l) { l.h.data = l.y.data; }},
+      {"h over x", [](TrainingLayer& l) { l.h.data = l.in.x.data; }},
+      {"h inside the workspace", [](TrainingLayer& l) { l.h.data = static_cast<char*>(l.workspace) + 256; }},
+      {"h without save_h", [](TrainingLayer& l) { l.plan.save_h = false; }},
+  };
+  for (const auto& [what, mutate] : bad) {
+    TrainingLayer l;
+    mutate(l);
+    EXPECT_TRUE(throws_naming([&] { l.experts(); }, "h")) << "experts_forward, case: " << what;
+    EXPECT_TRUE(throws_naming([&] { l.moe(); }, "h")) << "moe_forward, case: " << what;
+    if (std::string(what) != "h over y")  // expert_up takes no y
+      EXPECT_TRUE(throws_naming([&] { l.up(); }, "h")) << "expert_up, case: " << what;
+  }
+  TrainingLayer fp8;
+  fp8.plan = plan_forward(MoeShape{kT, kH, kF, kE, kK}, kH200, Precision::fp8);
+  fp8.plan.save_h = true;
+  EXPECT_TRUE(throws_naming([&] { fp8.moe(); }, "plan")) << "an fp8 plan has no bf16 backward to keep h for";
+}
+
 // ---- plan_forward ---------------------------------------------------------------------------
 
 TEST(PlanForwardValidation, Shape) {

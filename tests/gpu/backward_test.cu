@@ -203,6 +203,45 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
   }
 }
 
+// The training forward keeps h (ForwardPlan::save_h: Mode::UpSaveH on wgmma, the mma.sync up
+// GEMM's UpSaveHEpilogue) into a poisoned h of the caller's, and the backward reads it
+// (SavedActivations::h, in.h = that h): the forward's y is bitwise the one without save_h, the gradients match the oracle, and
+// where the forward's up GEMM and the backward's recomputation are one kernel family (wgmma at
+// block_m 128, mma.sync elsewhere) they are bitwise those of the recomputing backward.
+TEST_F(BackwardTest, TrainingForwardKeepsH) {
+  struct Shape {
+    MoeShape s;
+    int block_m;
+  };
+  // The 16-row layout (the planner's at 8 rows an expert), 64-row and mma.sync 128-row layouts,
+  // partial tiles (H = 200, F = 72), the planner's prefill layout (wgmma up) and many tiles a CTA.
+  for (const Shape& sh : {Shape{{33, 256, 128, 8, 2}, 0}, Shape{{33, 256, 128, 8, 2}, 64}, Shape{{45, 200, 72, 6, 2}, 16},
+                          Shape{{45, 200, 72, 6, 2}, 128}, Shape{{300, 256, 128, 8, 2}, 0},
+                          Shape{{1500, 576, 328, 8, 2}, 0}}) {
+    const uint64_t seed = fresh_seed();
+    const BackwardOptions o = options(SavedActivations::h, RouterGrad::none);
+    SCOPED_TRACE(name_of(sh.s, sh.block_m, o, seed));
+    std::mt19937_64 rng(seed);
+    const Case c = make_case(sh.s, rng);
+    ForwardPlan plain = forward_plan(sh.s, sh.block_m), training = plain;
+    training.save_h = true;
+    SCOPED_TRACE(training.str());
+    BackwardRun saved(training, o, c, stream, rng);
+    ASSERT_FALSE(saved.plan.h_wgmma) << "h is given: nothing is recomputed";
+    const Outputs got = saved.run(stream);
+    check_outputs(saved, got);
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(saved.run(stream) == got) << "run " << i << " differs";
+    // The forward without save_h, on the same routing: y bitwise the training forward's.
+    BackwardRun forward_only(plain, o, c, stream, rng);
+    forward_only.forward_h(stream);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_TRUE(forward_only.y.download() == saved.y.download()) << "save_h changed the forward's y";
+    BackwardRun recompute(plain, options(SavedActivations::recompute), c, stream, rng);
+    const bool same_family = (plain.up.kernel == GemmKernel::wgmma) == recompute.plan.h_wgmma;
+    if (same_family) EXPECT_TRUE(recompute.run(stream) == got) << "the saved h is not the recomputed one, bitwise";
+  }
+}
+
 // The recomputation of h, the D and the dx GEMMs on the wgmma kernel (Mode::UpH; Mode::DGrad and
 // Mode::Dx, W2 and W13 read N-major through their own TMA boxes and descriptor) and dW2 / dW13 on
 // the wgmma weight-gradient kernel (both operands MN-major by cp.async), each alone and all:

@@ -180,7 +180,7 @@ struct BackwardRun {
   Case c;
   ForwardPlan fwd;
   BackwardPlan plan;
-  DeviceBuffer<ref::bf16> x, w13, w2, dy, h, dx;
+  DeviceBuffer<ref::bf16> x, w13, w2, dy, h, dx, y;
   DeviceBuffer<float> weights, logits, aux, d_topk, d_router_logits;
   DeviceBuffer<int32_t> ids;
   DeviceBuffer<unsigned char> w_gate, fwd_ws, bwd_ws, dw13, dw2, d_w_gate;
@@ -220,7 +220,12 @@ struct BackwardRun {
     in.sorted_ids = ws.sorted_ids, in.block_expert = ws.block_expert;
     in.num_rows_padded = ws.num_rows_padded, in.expert_counts = ws.expert_counts;
     in.dy = Tensor(dy.ptr, DType::bf16, {T, H});
-    if (o.saved == SavedActivations::h) upload_h(ws, stream);
+    if (o.saved == SavedActivations::h) {
+      if (fwd.save_h)
+        forward_h(stream);
+      else
+        upload_h(ws, stream);
+    }
     if (c.router != RouterGrad::none) in.router_logits = Tensor(logits.ptr, DType::f32, {T, E});
     if (c.router == RouterGrad::gate) {
       const size_t n = size_t(E * H) * size_t(dtype_bytes(c.w_gate_dtype));
@@ -278,6 +283,24 @@ struct BackwardRun {
     });
     h = DeviceBuffer<ref::bf16>(host);
     in.h = Tensor(h.ptr, DType::bf16, {rows, 2 * F});
+  }
+
+  // h as the training forward keeps it (ForwardPlan::save_h): experts_forward over the same routing
+  // (its align writes the same layout again) into a poisoned h, in.h = that h; its y is kept for
+  // comparisons. A plan without save_h runs the plain forward (y only).
+  void forward_h(cudaStream_t stream) {
+    const int64_t T = c.s.tokens, H = c.s.hidden, F = c.s.inter;
+    y = DeviceBuffer<ref::bf16>(size_t(T * H));
+    y.poison();
+    Tensor ht;
+    if (fwd.save_h) {
+      h = DeviceBuffer<ref::bf16>(size_t(fwd.max_rows() * 2 * F));
+      h.poison();
+      ht = Tensor(h.ptr, DType::bf16, {fwd.max_rows(), 2 * F});
+    }
+    experts_forward(fwd, in.x, in.w13, in.w2, in.topk_ids, in.topk_weights, Tensor(y.ptr, DType::bf16, {T, H}),
+                    fwd_ws.ptr, fwd_ws.count, stream, Tensor(), ht);
+    if (fwd.save_h) in.h = ht;
   }
 
   // Poisoned outputs and workspace (all bits set: NaN), main_grad reset when accumulating.

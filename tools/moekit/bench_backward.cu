@@ -3,7 +3,8 @@
 // forward, checked as bench.cu checks it, keeps the routing, the logits and the aligned layout; dy
 // is drawn; one backward is checked against the CPU oracle on sampled tokens (backward_check.cpp);
 // then the backward is timed eager and replayed from a CUDA graph, the forward and the backward
-// together from one graph, and a cuBLAS loop of the backward's GEMMs (backward_baseline.cu), with
+// together from one graph; the same two with h kept by the forward (ForwardPlan::save_h,
+// SavedActivations::h: checked too, nothing recomputed); and a cuBLAS loop of the backward's GEMMs (backward_baseline.cu), with
 // the streaming read of the same weight bytes and the dense ceiling measured in the same run
 // (docs/design.md, "What the benchmarks report").
 //
@@ -100,21 +101,43 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   const ForwardCheck fchk = checked_forward(layer, fplan, xt, yt, fwd_ws, fwd_bytes, args.check_tokens, args.seed, s);
   std::printf("\n%s\n", fchk.summary.c_str());
   if (!fchk.ok) return Outcome::check_failed;
-  auto inputs = [&](int c) {
+  // What the backward reads from forward workspace w (and h, when the forward kept it).
+  auto inputs = [&](int c, const Workspace& w, const Tensor& h = Tensor()) {
     BackwardInputs in;
     in.x = xt;
     in.w13 = layer.w13(c), in.w2 = layer.w2(c), in.w_gate = layer.w_gate(c);
-    in.router_logits = ws.router_logits;
-    in.topk_ids = ws.topk_ids, in.topk_weights = ws.topk_weights;
-    in.sorted_ids = ws.sorted_ids, in.block_expert = ws.block_expert;
-    in.num_rows_padded = ws.num_rows_padded, in.expert_counts = ws.expert_counts;
+    in.router_logits = w.router_logits;
+    in.topk_ids = w.topk_ids, in.topk_weights = w.topk_weights;
+    in.sorted_ids = w.sorted_ids, in.block_expert = w.block_expert;
+    in.num_rows_padded = w.num_rows_padded, in.expert_counts = w.expert_counts;
+    in.h = h;
     in.dy = dyt;
     return in;
   };
   BackwardGrads grads;  // d_topk_weights stays in the workspace (the router reads it there)
   grads.dx = dxt, grads.dw13 = cx.dw13, grads.dw2 = cx.dw2, grads.d_w_gate = d_w_gate_t;
   auto forward = [&](int c) { moe_forward(fplan, layer.inputs(c, xt), spec.router, yt, fwd_ws, fwd_bytes, s); };
-  auto backward = [&](int c) { moe_backward(bplan, inputs(c), spec.router, grads, bwd_buf.get(), bwd_bytes, s); };
+  auto backward = [&](int c) { moe_backward(bplan, inputs(c, ws), spec.router, grads, bwd_buf.get(), bwd_bytes, s); };
+  // The training forward that keeps h (save_h) and the backward that reads it (SavedActivations::h),
+  // on a workspace of their own.
+  ForwardPlan fplan_h = fplan;
+  fplan_h.save_h = true;
+  BackwardOptions saved_h = bench_options();
+  saved_h.saved = SavedActivations::h;
+  BackwardPlan bplan_h = plan_backward(fplan_h, cx.dev, saved_h);
+  if (args.backward_mma_sync) use_wgmma_gemms(bplan_h, false, false, false, false);
+  const DeviceBuffer fwd_h_buf(int64_t(workspace_bytes(fplan_h))), bwd_h_buf(int64_t(backward_workspace_bytes(bplan_h)));
+  const DeviceBuffer h_buf(fplan_h.max_rows() * 2 * F * 2);
+  const Tensor ht(h_buf.get(), DType::bf16, {fplan_h.max_rows(), 2 * F});
+  const size_t fwd_h_bytes = size_t(fwd_h_buf.bytes()), bwd_h_bytes = size_t(bwd_h_buf.bytes());
+  const Workspace ws_h = carve_workspace(fplan_h, fwd_h_buf.get(), fwd_h_bytes);
+  const BackwardWorkspace bws_h = carve_backward_workspace(bplan_h, bwd_h_buf.get(), bwd_h_bytes);
+  auto forward_h = [&](int c) {
+    moe_forward(fplan_h, layer.inputs(c, xt), spec.router, yt, fwd_h_buf.get(), fwd_h_bytes, s, Tensor(), ht);
+  };
+  auto backward_h = [&](int c) {
+    moe_backward(bplan_h, inputs(c, ws_h, ht), spec.router, grads, bwd_h_buf.get(), bwd_h_bytes, s);
+  };
   // 0xff bytes: NaN in bf16 and f32, so a value the backward fails to write cannot pass.
   for (const Tensor* t : {&dxt, &d_w_gate_t, &cx.dw13, &cx.dw2})
     MK_CUDA_CHECK(cudaMemsetAsync(t->data, 0xff, size_t(t->bytes()), s));
@@ -126,6 +149,24 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   if (!bchk.ok) return Outcome::check_failed;
   const std::vector<uint16_t> y_checked = copy_to_host<uint16_t>(y.get(), T * H);
   const std::vector<uint16_t> dx_checked = copy_to_host<uint16_t>(dx.get(), T * H);
+  // The saved-h pair on poisoned outputs: checked against the oracle as above, and compared bitwise
+  // with the recomputing path (equal where the forward's up GEMM and the recomputation are one
+  // kernel family: the wgmma kernel at block_m 128).
+  for (const Tensor* t : {&dxt, &yt}) MK_CUDA_CHECK(cudaMemsetAsync(t->data, 0xff, size_t(t->bytes()), s));
+  MK_CUDA_CHECK(cudaMemsetAsync(bwd_h_buf.get(), 0xff, bwd_h_bytes, s));
+  forward_h(0);
+  backward_h(0);
+  const BackwardCheck hchk =
+      check_backward(layer, shape, ws_h, xt, dyt, BackwardOutputs{dxt, bws_h.d_topk_weights}, args.check_tokens, args.seed, s);
+  std::printf("saved h: %s\n", hchk.summary.c_str());
+  if (!hchk.ok) return Outcome::check_failed;
+  const bool y_same = copy_to_host<uint16_t>(y.get(), T * H) == y_checked;
+  const bool dx_same = copy_to_host<uint16_t>(dx.get(), T * H) == dx_checked;
+  std::printf("saved h: y %s the forward's without save_h; dx %s the recomputing backward's\n",
+              y_same ? "bitwise" : "DIFFERS FROM", dx_same ? "bitwise" : "not bitwise");
+  if (!y_same) return Outcome::check_failed;  // save_h must not change the forward
+  forward(0);
+  backward(0);  // the recomputing pair's outputs again, for the timed runs' determinism check
 
   // ---- weight copies for L2 rotation, sized by the experts this routing touches.
   std::vector<int32_t> touched;
@@ -147,6 +188,18 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
       backward(c);
     }, s);
   ms["forward+backward"] = time_rotated_ms(step_graphs, copies, warmup, steps, s);
+  // The same two with h kept: the backward and the training step, each a graph per weight copy.
+  // The recomputing pair runs last again, so the determinism check below reads its outputs.
+  LayerGraphs backward_h_graphs, step_h_graphs;
+  for (int c = 0; c < copies; ++c) backward_h_graphs.capture([&] { backward_h(c); }, s);
+  for (int c = 0; c < copies; ++c)
+    step_h_graphs.capture([&] {
+      forward_h(c);
+      backward_h(c);
+    }, s);
+  ms["backward-saved-h"] = time_rotated_ms(backward_h_graphs, copies, warmup, steps, s);
+  ms["forward+backward-saved-h"] = time_rotated_ms(step_h_graphs, copies, warmup, steps, s);
+  step_graphs.launch(0, s);
 
   // ---- read time: the same bytes streamed with the same rotation.
   std::map<std::string, double> read_ms;
@@ -159,8 +212,9 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
       backward_readers.emplace_back(b);
       step_readers.emplace_back(f);
     }
-    read_ms["backward"] = read_ms["backward-graph"] = rotated_read_ms(backward_readers, s, warmup, steps);
-    read_ms["forward+backward"] = rotated_read_ms(step_readers, s, warmup, steps);
+    read_ms["backward"] = read_ms["backward-graph"] = read_ms["backward-saved-h"] =
+        rotated_read_ms(backward_readers, s, warmup, steps);
+    read_ms["forward+backward"] = read_ms["forward+backward-saved-h"] = rotated_read_ms(step_readers, s, warmup, steps);
   }
 
   // ---- after timing: every replay left the checked dx and y, bitwise (determinism).
@@ -234,6 +288,17 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   rows.push_back(make_row("forward+backward", "moekit", ms["forward+backward"], step_config,
                           "moe_forward (router from w_gate) then moe_backward, captured once per weight copy and "
                           "replayed: " + options));
+  print_row(rows.back(), cx.info);
+  const std::string saved_note = "h kept by the forward (ForwardPlan::save_h) and read by the backward "
+                                 "(SavedActivations::h), nothing recomputed; router=gate, dx and bf16 dW" +
+                                 std::string(zeros) + (rot.note.empty() ? "" : "; " + rot.note);
+  rows.push_back(make_row("backward-saved-h", "moekit", ms["backward-saved-h"], bplan_h.str(),
+                          "moe_backward captured once per weight copy and replayed: " + saved_note));
+  print_row(rows.back(), cx.info);
+  rows.push_back(make_row("forward+backward-saved-h", "moekit", ms["forward+backward-saved-h"],
+                          fplan_h.str() + " | " + bplan_h.str(),
+                          "moe_forward (save_h) then moe_backward, captured once per weight copy and replayed: " +
+                              saved_note));
   print_row(rows.back(), cx.info);
   for (const BaselineResult& b : baselines) {
     if (!b.ok) {

@@ -33,8 +33,11 @@ struct StageCost {
 // The stages (rows) a benchmark reports, in order (fp8 runs add "quantize" after the router).
 inline const char* const kStages[] = {"router", "align", "up", "down", "combine", "experts", "layer", "layer-graph"};
 // `moekit bench --backward`'s rows: moe_backward eager, the same from a CUDA graph, and the layer's
-// forward followed by its backward in one graph (bench_backward.cu).
-inline const char* const kBackwardStages[] = {"backward", "backward-graph", "forward+backward"};
+// forward followed by its backward in one graph (bench_backward.cu); then the training forward that
+// keeps h (ForwardPlan::save_h) and the backward that reads it (SavedActivations::h): that
+// backward from a graph, and both in one graph.
+inline const char* const kBackwardStages[] = {"backward", "backward-graph", "forward+backward", "backward-saved-h",
+                                              "forward+backward-saved-h"};
 
 // FP8 (Precision::fp8): e4m3 weights plus their FP32 block scales, e4m3 x_q and act plus their
 // per-row scales; the quantize stage reads x (bf16) and writes x_q and x_scale.
@@ -103,10 +106,15 @@ inline StageCost stage_cost(const std::string& stage, const MoeShape& s, const R
     // recomputed h (4·T·k·H·F more) is the price of keeping no activation, and the router's
     // 4·T·E·H are < 1%.
     c.flops = 12.0 * double(A) * double(H) * double(F);
-  } else if (!fp8 && stage == "forward+backward") {
-    const StageCost fwd = stage_cost("layer", s, r, p), bwd = stage_cost("backward", s, r, p);
+  } else if (!fp8 && stage == "backward-saved-h") {
+    // The same work with h given: read once by the D GEMM, never written.
+    c = stage_cost("backward", s, r, p);
+    c.act_bytes -= A * 2 * F * 2;
+  } else if (!fp8 && (stage == "forward+backward" || stage == "forward+backward-saved-h")) {
+    const bool saved = stage == "forward+backward-saved-h";
+    const StageCost fwd = stage_cost("layer", s, r, p), bwd = stage_cost(saved ? "backward-saved-h" : "backward", s, r, p);
     c.weight_bytes = fwd.weight_bytes + bwd.weight_bytes;
-    c.act_bytes = fwd.act_bytes + bwd.act_bytes;
+    c.act_bytes = fwd.act_bytes + bwd.act_bytes + (saved ? A * 2 * F * 2 : 0);  // saved: the forward writes h
     c.flops = fwd.flops + bwd.flops;
   } else {
     throw Error("stage_cost: unknown stage '" + stage + "'");

@@ -1,5 +1,7 @@
 // epilogue.cuh — what the mma.sync expert GEMM does with a finished tile's accumulators, per mode:
 //   Up   — SwiGLU: act[r] = silu(gate)·up for the tile's columns, stored in sorted order (row r);
+//          UpSaveHEpilogue (the training forward, ForwardPlan::save_h) also stores gate and up as
+//          they are to h_out[r] = g | u (row stride 2F);
 //   Down — times the routing weight of the row's assignment a, stored at y_rows[a] (bf16), or at
 //          partials[split][a] (FP32) when the K dimension is split.
 // Padding rows (id = T·k) and columns past n_dim are never stored. Every output element is one
@@ -61,6 +63,35 @@ struct Epilogue<Mode::Up, Cfg> : EpilogueRows<Mode::Up, Cfg> {
           float silu[2];
           dev::silu_group(gate, silu);  // canon::silu's bits, one range test a pair
           *reinterpret_cast<uint32_t*>(out_row + n) = pack_bf16x2(silu[0] * u[0], silu[1] * u[1]);
+        }
+      }
+  }
+};
+
+// Up's part for ForwardPlan::save_h: act as Up stores it, then h = g | u of the same accumulators.
+template <class Cfg>
+struct UpSaveHEpilogue : Epilogue<Mode::Up, Cfg> {
+  using Base = Epilogue<Mode::Up, Cfg>;
+  using Base::ids, Base::MI, Base::NI, Base::BM;
+  __device__ __forceinline__ void store(const Params& p, const float (&acc)[MI][NI][4], const Item& it,
+                                        const WarpTile<Mode::Up, Cfg>& w, unsigned char* smem) const {
+    Base::store(p, acc, it, w, smem);
+    const int64_t row0 = it.block * BM, F = p.n_dim;
+    const int64_t n0 = it.n_tile * cols_per_tile(Mode::Up, Cfg::kBlockN);
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (ids[i][h] >= p.num_assign) continue;  // padding row
+        __nv_bfloat16* h_row = p.h_out + (row0 + w.row(i, h)) * 2 * F;
+#pragma unroll
+        for (int f = 0; f < NI / 2; ++f) {
+          const int64_t n = n0 + w.wn * (Cfg::TN / 2) + f * 8 + (w.lane & 3) * 2;
+          if (n >= F) continue;
+          const float* g = acc[i][f] + 2 * h;
+          const float* u = acc[i][f + NI / 2] + 2 * h;
+          *reinterpret_cast<uint32_t*>(h_row + n) = pack_bf16x2(g[0], g[1]);
+          *reinterpret_cast<uint32_t*>(h_row + F + n) = pack_bf16x2(u[0], u[1]);
         }
       }
   }

@@ -28,13 +28,14 @@
 
 namespace moekit::kernels::gemm::mma_sync {
 
-template <Mode M, class Cfg>
+// Epi: the mode's epilogue, or another part for it (UpSaveHEpilogue: Up that also keeps h).
+template <Mode M, class Cfg, class Epi = mma_sync::Epilogue<M, Cfg>>
 struct Bf16Parts {
   static constexpr int kCluster = 1;
   using Sched = DealtSchedule<Cfg>;
   using Loader = mma_sync::Loader<M, Cfg>;
   using Mainloop = mma_sync::Mainloop<M, Cfg>;
-  using Epilogue = mma_sync::Epilogue<M, Cfg>;
+  using Epilogue = Epi;
   static constexpr size_t kSmemBytes = Cfg::kSmemBytes;
 };
 

@@ -65,16 +65,21 @@ void launch_instance(Params p, int64_t max_blocks, cudaStream_t stream) {
     launch_pdl("expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(Cfg::kThreads), kSmem, stream, p);
 }
 
-template <Mode M>
+// M: the kernel's mode, Up or Down; kSaveH (Up, bf16): the epilogue that also stores h (UpSaveH).
+template <Mode M, bool kSaveH = false>
 void dispatch(const GemmConfig& c, const Params& p, int64_t max_blocks, cudaStream_t stream) {
 #define MK_DISPATCH(bm, bn, bk, wm, wn, st)                                                  \
   if (c == GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync}) {                       \
     using Cfg = ms::Tile<bm, bn, bk, wm, wn, st>;                                            \
-    launch_instance<M, Cfg, ms::Bf16Parts<M, Cfg>>(p, max_blocks, stream);                   \
+    if constexpr (kSaveH)                                                                    \
+      launch_instance<M, Cfg, ms::Bf16Parts<M, Cfg, ms::UpSaveHEpilogue<Cfg>>>(p, max_blocks, stream); \
+    else                                                                                     \
+      launch_instance<M, Cfg, ms::Bf16Parts<M, Cfg>>(p, max_blocks, stream);                 \
     return;                                                                                  \
   }
   MOEKIT_GEMM_CONFIGS(MK_DISPATCH)
 #undef MK_DISPATCH
+  if constexpr (kSaveH) fail("expert_gemm", "plan", "save_h needs a bf16 config, got " + c.str());
 #define MK_DISPATCH_FP8(bm, bn, bk, wm, wn, st)                                              \
   if (c == GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync, Precision::fp8}) {       \
     if constexpr (ms::Fp8Parts<M, ms::Tile<bm, bn, bk / 2, wm, wn, st>>::kCompiled) {        \
@@ -94,6 +99,8 @@ void launch_mma_sync_gemm(Mode mode, const GemmConfig& config, const Params& p, 
                           cudaStream_t stream) {
   if (mode == Mode::Up)
     dispatch<Mode::Up>(config, p, max_blocks, stream);
+  else if (mode == Mode::UpSaveH)
+    dispatch<Mode::Up, true>(config, p, max_blocks, stream);
   else
     dispatch<Mode::Down>(config, p, max_blocks, stream);
 }

@@ -1,9 +1,9 @@
 // epilogue.cuh — what the Hopper expert GEMM's consumers do with a finished tile, per mode, from
 // registers: Up — silu(g)·u from the paired gate/up accumulators, stored to act row r (sorted
-// order); Down — times the routing weight, stored to y_rows row a = sorted_ids[r]; Dx (the
-// backward's dx_rows) — stored as they are to row a; DGrad (the backward's D) — the SwiGLU
-// backward. Padding rows
-// and columns past n_dim are never stored. Every output element is one thread's fixed-order sum:
+// order); UpH — g and u as they are, to h row r; UpSaveH — both; Down — times the routing
+// weight, stored to y_rows row a = sorted_ids[r]; Dx (the backward's dx_rows) — stored as they
+// are to row a; DGrad (the backward's D) — the SwiGLU backward. Padding rows and columns past
+// n_dim are never stored. Every output element is one thread's fixed-order sum:
 // bitwise deterministic.
 //
 // A thread holds two rows of the tile (row halves h = 0, 1 of its warp's 16). Four n8 column
@@ -110,9 +110,34 @@ struct Epilogue<Mode::Dx, Cfg> {
   }
 };
 
-// UpH (the backward's recomputed h, n_dim = F): the tile's gate accumulators to h's g columns
-// [n0, +BN/2) and its up accumulators to the u columns F + [n0, +BN/2) of the sorted row (row
-// stride 2F), as the quad transpose lays them out for 16-byte stores.
+// h = g | u of a sorted row (row stride 2F, n_dim = F): the tile's gate accumulators to the g
+// columns [n0, +BN/2) and its up accumulators to the u columns F + [n0, +BN/2), as the quad
+// transpose lays them out for 16-byte stores. UpH's whole epilogue, and UpSaveH's after act.
+template <int kOutBlocks, class Cfg>
+__device__ __forceinline__ void store_h_row(const Params& p, __nv_bfloat16* h, const float (&acc)[Cfg::kAccs], int hh,
+                                            int32_t id, int32_t out_row, int32_t n0, int lane) {
+  const int q = lane & 3;
+  const int64_t F = p.n_dim;
+  auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // g, then u
+    __nv_bfloat16* row = h + int64_t(out_row) * 2 * F + half * F;
+#pragma unroll
+    for (int g = 0; g < kOutBlocks / 4; ++g) {
+      uint32_t x[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int v = epi_acc(g, i, hh) + half * 4 * kOutBlocks;  // up's blocks follow gate's
+        x[i] = pack_bf16x2(acc[v], acc[v + 1]);
+      }
+      quad_transpose(x, q, shfl);
+      const int64_t n = n0 + epi_store_col(g, q);
+      if (id < p.num_assign && n < F) *reinterpret_cast<uint4*>(row + n) = make_uint4(x[0], x[1], x[2], x[3]);
+    }
+  }
+}
+
+// UpH (the backward's recomputed h, n_dim = F): g and u to h = out.
 template <class Cfg>
 struct Epilogue<Mode::UpH, Cfg> {
   static constexpr int kOutBlocks = cols_per_tile(Mode::UpH, Cfg::kBlockN) / 8;  // n8 blocks of g (and of u)
@@ -120,25 +145,19 @@ struct Epilogue<Mode::UpH, Cfg> {
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
-    const int q = lane & 3;
-    const int64_t F = p.n_dim;
-    auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {  // g, then u
-      __nv_bfloat16* row = p.out + int64_t(out_row) * 2 * F + half * F;
-#pragma unroll
-      for (int g = 0; g < kOutBlocks / 4; ++g) {
-        uint32_t x[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int v = epi_acc(g, i, h) + half * 4 * kOutBlocks;  // up's blocks follow gate's
-          x[i] = pack_bf16x2(acc[v], acc[v + 1]);
-        }
-        quad_transpose(x, q, shfl);
-        const int64_t n = n0 + epi_store_col(g, q);
-        if (id < p.num_assign && n < F) *reinterpret_cast<uint4*>(row + n) = make_uint4(x[0], x[1], x[2], x[3]);
-      }
-    }
+    store_h_row<kOutBlocks, Cfg>(p, p.out, acc, h, id, out_row, n0, lane);
+  }
+};
+
+// UpSaveH (the training forward's up GEMM): Up's act to out, then g and u to h_out, from the same
+// accumulators — the h the backward would recompute, without its GEMM.
+template <class Cfg>
+struct Epilogue<Mode::UpSaveH, Cfg> : Epilogue<Mode::Up, Cfg> {
+  static constexpr int kOutBlocks = cols_per_tile(Mode::UpSaveH, Cfg::kBlockN) / 8;
+  __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
+                                        int32_t out_row, int32_t n0, int lane) const {
+    Epilogue<Mode::Up, Cfg>::store(p, acc, h, id, out_row, n0, lane);
+    store_h_row<kOutBlocks, Cfg>(p, p.h_out, acc, h, id, out_row, n0, lane);
   }
 };
 

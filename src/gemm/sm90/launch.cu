@@ -105,6 +105,17 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
              b_map);
 }
 
+// The forward's modes of one config: Up, Down, and (bf16) the training forward's UpSaveH.
+template <int BN, int ST, bool FP8>
+void launch_forward_instance(Mode mode, const Params& p, const CUtensorMap& b_map, int64_t max_blocks,
+                             cudaStream_t stream) {
+  if (mode == Mode::Up) return launch_instance<Mode::Up, BN, ST, FP8>(p, b_map, max_blocks, stream);
+  if (mode == Mode::Down) return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream);
+  if constexpr (!FP8)
+    if (mode == Mode::UpSaveH) return launch_instance<Mode::UpSaveH, BN, ST, FP8>(p, b_map, max_blocks, stream);
+  fail("expert_gemm", "plan", "the forward's wgmma GEMMs are Up, Down and (bf16) UpSaveH");
+}
+
 }  // namespace
 
 void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan, cudaStream_t stream, int block_n) {
@@ -115,10 +126,7 @@ void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan
   const bool fp8 = plan.precision() == Precision::fp8;
 #define MK_SM90_DISPATCH(bn, st, is_fp8)                                                    \
   if (block_n == bn && fp8 == is_fp8) {                                                     \
-    if (mode == Mode::Up)                                                                   \
-      launch_instance<Mode::Up, bn, st, is_fp8>(p, b_map, plan.max_blocks(), stream);       \
-    else                                                                                    \
-      launch_instance<Mode::Down, bn, st, is_fp8>(p, b_map, plan.max_blocks(), stream);     \
+    launch_forward_instance<bn, st, is_fp8>(mode, p, b_map, plan.max_blocks(), stream);     \
     return;                                                                                 \
   }
 #define MK_SM90_BF16(bn, st) MK_SM90_DISPATCH(bn, st, false)
