@@ -4,9 +4,12 @@
 // the wgmma mainloop (mainloop.cuh, both operands MN-major) — with a producer and an epilogue of
 // their own.
 //
-// A work item is one 128 x 256 tile of out_e for one split of e's K-tiles: item = ((e·S + s)·
-// m_tiles + m)·n_tiles + n, so the CTAs working at once share an expert's rows (its K-tiles come
-// to L2 once and feed every tile of the expert). An item's K range is read on the device: rows
+// A work item is one 128 x 256 tile of out_e for one split of e's K-tiles, expert (and split)
+// major, so the CTAs working at once share an expert's rows (its K-tiles come to L2 once and feed
+// every tile of the expert); inside an (expert, split) the tiles go in bands of 8 M tiles, N tiles
+// outermost in a band (item_order.hpp, as the expert GEMM's blocks): a wave of 132 CTAs reads ~8 M
+// tiles' and ~16 N tiles' columns of each K row, not 2-3 M tiles' and every N tile's (dW2 of
+// Mixtral: 56 N tiles, all of an expert's act_w each wave, above the L2). An item's K range is read on the device: rows
 // [expert_row_start[e], + expert_counts[e]) of the sorted order, the split's share of their
 // K-tiles of 64 rows; an expert (or a split) with none stores zeros, or adds nothing.
 //
@@ -24,6 +27,7 @@
 
 #include "common/device.cuh"  // pdl_enter
 #include "gemm/common.cuh"  // pack_bf16x2, KGroupedParams
+#include "gemm/item_order.hpp"  // grouped_tile
 #include "gemm/sm90/layout.hpp"
 #include "gemm/sm90/mainloop.cuh"
 #include "gemm/sm90/pipeline.cuh"
@@ -40,11 +44,10 @@ struct WeightGradItem {
   int32_t expert, split, m0, n0;
 };
 __device__ __forceinline__ WeightGradItem weight_grad_item(const KGroupedParams& p, int32_t item) {
-  const int32_t n = item % p.n_tiles;
-  item /= p.n_tiles;
-  const int32_t m = item % p.m_tiles;
-  item /= p.m_tiles;
-  return {item / p.splits, item % p.splits, m * kWeightGradM, n * kWeightGradN};
+  const int32_t tiles = p.m_tiles * p.n_tiles;
+  const GroupedTile<int32_t> t = grouped_tile<int32_t>(item % tiles, p.m_tiles, p.n_tiles);
+  item /= tiles;
+  return {item / p.splits, item % p.splits, t.block * kWeightGradM, t.n_tile * kWeightGradN};
 }
 
 // The item's K range: its split's K-tiles of the expert's rows, from sorted row `first` (K-tile 0)
