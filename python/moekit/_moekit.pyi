@@ -186,14 +186,14 @@ def combine_partials(y_partials: DLPackArray | None, topk: int, y: DLPackArray |
     Stage 5 after a split-K down GEMM (plan.down_splits > 1): y[t] = Σ_j Σ_s y_partials[s][t*k+j].
     """
 
-def moe_forward(plan: Plan, x: DLPackArray | None, w_gate: DLPackArray | None, router_logits: DLPackArray | None, score_bias: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, scoring: str = 'softmax', renormalize: bool = False, n_group: int = 0, topk_group: int = 0, routed_scaling_factor: float = 1.0, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, expert_load: DLPackArray | None = None, stream: int = 0) -> None:
+def moe_forward(plan: Plan, x: DLPackArray | None, w_gate: DLPackArray | None, router_logits: DLPackArray | None, score_bias: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, scoring: str = 'softmax', renormalize: bool = False, n_group: int = 0, topk_group: int = 0, routed_scaling_factor: float = 1.0, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, expert_load: DLPackArray | None = None, h: DLPackArray | None = None, stream: int = 0) -> None:
     """
-    The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16. fp8 plans: w13/w2 e4m3 with their block scales w13_scale/w2_scale f32 (x is quantized on the device). expert_load [E] int64 (optional): gains this call's assignments per expert, on the device (never read or cleared by moekit).
+    The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16. fp8 plans: w13/w2 e4m3 with their block scales w13_scale/w2_scale f32 (x is quantized on the device). expert_load [E] int64 (optional): gains this call's assignments per expert, on the device (never read or cleared by moekit). h [plan.max_rows,2F] bf16 (optional, bf16 plans: the training forward): the up GEMM also writes g|u, its gate and up values before SwiGLU, of every sorted row (the workspace's sorted_ids order; padding rows are not written) for moe_backward(..., h=h) with a plan_backward(..., saved='h'); it shares no memory with another argument. y is the same with or without h; the plan given is not changed.
     """
 
-def experts_forward(plan: Plan, x: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, topk_ids: DLPackArray | None, topk_weights: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, expert_load: DLPackArray | None = None, stream: int = 0) -> None:
+def experts_forward(plan: Plan, x: DLPackArray | None, w13: DLPackArray | None, w2: DLPackArray | None, topk_ids: DLPackArray | None, topk_weights: DLPackArray | None, y: DLPackArray | None, workspace: DLPackArray | None, *, w13_scale: DLPackArray | None = None, w2_scale: DLPackArray | None = None, expert_load: DLPackArray | None = None, h: DLPackArray | None = None, stream: int = 0) -> None:
     """
-    Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32); fp8 plans: the weights' block scales, and expert_load, as in moe_forward.
+    Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32); fp8 plans: the weights' block scales, and expert_load and h (the training forward's g|u, bf16 plans), as in moe_forward.
     """
 
 def check_status(plan: Plan, workspace: DLPackArray | None, *, stream: int = 0) -> None:

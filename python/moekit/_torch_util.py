@@ -259,6 +259,12 @@ def _check_router(fn: str, T: int, H: int, E: int, x, router_logits, w_gate, bia
         _check(fn, "e_score_correction_bias", bias, (torch.float32,), (("E", E),), x.device)
 
 
+def _check_bool(fn: str, arg: str, value):
+    """A flag (save_h): True or False, not a truthy value of another type."""
+    if not isinstance(value, bool):
+        raise TypeError(f"moekit.{fn}: argument '{arg}': expected a bool, got {type(value).__name__}")
+
+
 def _check_expert_load(fn: str, expert_load, experts: int, device: torch.device, device_arg: str = "x"):
     """The opt-in load counter: None, or int64 [E] on the call's device (the C++ entry then checks
     that it shares no memory with the call's other buffers)."""

@@ -18,8 +18,9 @@ device (``MoE(..., track_expert_load=True)`` keeps one as a buffer).
 Training: when grad is enabled and an input requires grad (x, the weights, the router's w_gate or
 router_logits; fused_experts: topk_weights too), fused_moe / fused_experts run the training ops of
 moekit._train instead, whose gradients come from moekit's backward (torch.library.register_autograd):
-bf16 experts without out=; MoE(..., trainable=True) has trainable parameters. route and combine have
-no backward and refuse inputs that require grad.
+bf16 experts without out=; MoE(..., trainable=True) has trainable parameters. save_h=True (fused_moe,
+fused_experts, MoE) keeps h = g | u from the forward for the backward, which then skips its
+recomputation. route and combine have no backward and refuse inputs that require grad.
 """
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ from torch import Tensor
 from . import _moekit as _C
 from . import _ops  # noqa: F401  registers torch.ops.moekit.*
 from . import _train  # registers torch.ops.moekit.*_train, moe_backward and their autograd
-from ._torch_util import (_alias, _check, _check_expert_load, _check_plan, _check_router, _check_routing, _fail,
-                          _forward_only, _grouped_topk, _required, _trains, plan)
+from ._torch_util import (_alias, _check, _check_bool, _check_expert_load, _check_plan, _check_router,
+                          _check_routing, _fail, _forward_only, _grouped_topk, _required, _trains, plan)
 from .devices import DeviceLike
 from .fp8 import check_fp8_experts, quantize_fp8_weights
 from .hf import ARCH_DEFAULTS, pack_experts, pack_hf_moe, pack_hf_state_dict, routing_from_hf_config
@@ -62,7 +63,8 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
               w13_scale: Optional[Tensor] = None, w2_scale: Optional[Tensor] = None,
               w1_scale: Optional[Tensor] = None, a1_scale: Optional[Tensor] = None,
               a2_scale: Optional[Tensor] = None, block_shape: Optional[Sequence[int]] = None,
-              device_info: DeviceLike = None, expert_load: Optional[Tensor] = None) -> Tensor:
+              device_info: DeviceLike = None, expert_load: Optional[Tensor] = None,
+              save_h: bool = False) -> Tensor:
     """One MoE layer: y = Σ_j w_j · FFN_{e_j}(x), routing included.
 
     x [T, H] bf16; w13 [E, 2F, H] bf16 (gate rows, then up rows); w2 [E, H, F] bf16. Routing
@@ -111,6 +113,12 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
     runs the training op (moekit._train), and y.backward() reaches them through moekit's backward
     (bf16; with w_gate, x's gradient includes the router's part). FP8 experts and out= are refused
     then, as is an e_score_correction_bias that requires grad (it only picks the experts).
+
+    save_h (training path only): the forward keeps h = g | u (the up GEMM's values before SwiGLU) for
+    the backward, which skips recomputing it (one GEMM, ~15% of its time), for 2·rows·2F bytes of
+    activation memory a layer until the backward has run (rows = T·k + (E + 1)·(MAX_BLOCK_M − 1), the
+    aligned layout's bound). bf16 only, as training is; ignored on the inference path. y is the same bit
+    for bit; the gradients too where the two up GEMMs are one kernel family, else within rounding.
     """
     fn = "fused_moe"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
@@ -130,6 +138,7 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
                                              routed_scaling_factor)
     train = _trains(fn, use_fp8_w8a8, out, dict(e_score_correction_bias=e_score_correction_bias), x=x, w13=w13,
                     w2=w2, router_logits=router_logits, w_gate=w_gate)
+    _check_bool(fn, "save_h", save_h)
     if out is not None:
         _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
     _check_expert_load(fn, expert_load, E, x.device)
@@ -137,7 +146,7 @@ def fused_moe(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: Opti
     args = (x, w13, w2, router_logits, w_gate, e_score_correction_bias, top_k, bool(renormalize), scoring_func,
             n_group, t_group, float(routed_scaling_factor))
     if train:
-        return _train.fused_moe_train(*args, expert_load)
+        return _train.fused_moe_train(*args, expert_load, save_h)
     scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
     ops = torch.ops.moekit
     if expert_load is not None:  # the counting ops (moekit._ops says why they are ops of their own)
@@ -158,14 +167,14 @@ def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: 
                   w2_scale: Optional[Tensor] = None, w1_scale: Optional[Tensor] = None,
                   a1_scale: Optional[Tensor] = None, a2_scale: Optional[Tensor] = None,
                   block_shape=None, device_info: DeviceLike = None,
-                  expert_load: Optional[Tensor] = None) -> Tensor:
+                  expert_load: Optional[Tensor] = None, save_h: bool = False) -> Tensor:
     """The experts with the routing given (vLLM's argument order): topk_weights [T, k] float32,
     topk_ids [T, k] int32 in [0, E). An id outside is not checked on the host (that would sync):
     align skips it and flags the workspace (Workspace.check_status in the staged API), and the
     token's output is undefined (nor is it counted in expert_load). `out`, vLLM's names
     (hidden_states = x, w1 = w13) and FP8 (use_fp8_w8a8, w1_scale, w2_scale, block_shape),
     device_info and expert_load as in fused_moe. Gradients as in fused_moe, for x, w13, w2 and
-    topk_weights (which the caller's router takes back: moekit's RouterGrad::none)."""
+    topk_weights (which the caller's router takes back: moekit's RouterGrad::none); save_h too."""
     fn = "fused_experts"
     x = _required(fn, "x", _alias(fn, "x", x, "hidden_states", hidden_states), "hidden_states")
     w13 = _required(fn, "w13", _alias(fn, "w13", w13, "w1", w1), "w1")
@@ -177,12 +186,13 @@ def fused_experts(x: Optional[Tensor] = None, w13: Optional[Tensor] = None, w2: 
         _fail(fn, "topk_ids", f"k must be in [1, {_C.MAX_TOPK}], got {k}")
     _check(fn, "topk_weights", topk_weights, (torch.float32,), (("T", T), ("k", k)), x.device)
     train = _trains(fn, use_fp8_w8a8, out, {}, x=x, w13=w13, w2=w2, topk_weights=topk_weights)
+    _check_bool(fn, "save_h", save_h)
     if out is not None:
         _check(fn, "out", out, (torch.bfloat16,), (("T", T), ("H", H)), x.device)
     _check_expert_load(fn, expert_load, E, x.device)
     _check_plan(fn, T, H, F, E, k, "fp8" if use_fp8_w8a8 else "bf16", device_info, x.device, "topk_ids")
     if train:
-        return _train.fused_experts_train(x, w13, w2, topk_weights, topk_ids, expert_load)
+        return _train.fused_experts_train(x, w13, w2, topk_weights, topk_ids, expert_load, save_h)
     scales = (w13_scale, w2_scale) if use_fp8_w8a8 else ()
     ops, routing = torch.ops.moekit, (x, w13, w2, topk_weights, topk_ids)
     if expert_load is not None:
@@ -270,6 +280,9 @@ class MoE(torch.nn.Module):
     is in no state_dict): every forward adds its tokens' assignments per expert to it on the
     device (fused_moe's expert_load: no host sync, CUDA-graph and torch.compile safe). Read it
     when you choose (``moe.expert_load.tolist()`` syncs); reset_expert_load() zeroes it.
+
+    save_h=True: each training forward keeps h for its backward (fused_moe's save_h: activation memory
+    for one GEMM fewer in the backward); the inference path ignores it.
     """
 
     def __init__(self, hidden: int, inter: int, experts: int, top_k: int, *, renormalize: bool = False,
@@ -277,13 +290,15 @@ class MoE(torch.nn.Module):
                  topk_group: Optional[int] = None, score_bias: bool = False,
                  routed_scaling_factor: float = 1.0, gate_dtype: torch.dtype = torch.bfloat16,
                  device: Union[torch.device, str, int, None] = None, dtype: torch.dtype = torch.bfloat16,
-                 track_expert_load: bool = False, trainable: bool = False) -> None:
+                 track_expert_load: bool = False, trainable: bool = False, save_h: bool = False) -> None:
         super().__init__()
         if dtype != torch.bfloat16:
             _fail("MoE", "dtype", f"moekit's experts run in bfloat16, got {dtype}")
         if gate_dtype not in (torch.bfloat16, torch.float32):
             _fail("MoE", "gate_dtype", f"expected bfloat16 or float32, got {gate_dtype}")
         _check_routing("MoE", experts, top_k, scoring_func, num_expert_group, topk_group, routed_scaling_factor)
+        _check_bool("MoE", "save_h", save_h)
+        self.save_h = save_h
         self.hidden, self.inter, self.experts, self.top_k = hidden, inter, experts, top_k
         self.renormalize = renormalize
         self.scoring_func = scoring_func
@@ -328,7 +343,8 @@ class MoE(torch.nn.Module):
                       top_k=self.top_k, renormalize=self.renormalize, scoring_func=self.scoring_func,
                       num_expert_group=self.num_expert_group, topk_group=self.topk_group,
                       e_score_correction_bias=self.e_score_correction_bias,
-                      routed_scaling_factor=self.routed_scaling_factor, expert_load=self.expert_load)
+                      routed_scaling_factor=self.routed_scaling_factor, expert_load=self.expert_load,
+                      save_h=self.save_h)
         return y.view(shape)
 
     def extra_repr(self) -> str:
@@ -342,6 +358,8 @@ class MoE(torch.nn.Module):
             s += f", routed_scaling_factor={self.routed_scaling_factor}"
         if self.expert_load is not None:
             s += ", track_expert_load=True"
+        if self.save_h:
+            s += ", save_h=True"
         return s
 
     @classmethod

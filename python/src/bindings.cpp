@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,21 @@ nb::dict workspace_layout(const ForwardPlan& plan) {
   if (ws.align_scratch.given()) add("align_scratch", ws.align_scratch);
   add("gemm_counter", ws.gemm_counter);
   return d;
+}
+
+// The plan a layer forward runs with: the caller's, or with h given (the training forward) a copy
+// of it with save_h set. NOTES: a copy, because the Python side caches one Plan per shape and shares
+// it (moekit._torch_util._plan): setting the flag on it would make every later call of that shape,
+// inference too, demand an h. `kept` holds the copy for the call.
+const ForwardPlan& plan_with_h(const char* fn, const ForwardPlan& plan, const Tensor& h,
+                               std::optional<ForwardPlan>& kept) {
+  if (!h.given()) return plan;
+  if (plan.precision() != Precision::bf16)
+    fail(fn, "h", "is kept for the bf16 backward, but this plan is " + std::string(precision_name(plan.precision())) +
+                      ": pass no h, or plan with precision='bf16'");
+  kept = plan;
+  kept->save_h = true;
+  return *kept;
 }
 
 }  // namespace
@@ -270,7 +286,7 @@ NB_MODULE(_moekit, m) {
       [](const ForwardPlan& plan, nb::handle x, nb::handle w_gate, nb::handle router_logits, nb::handle score_bias,
          nb::handle w13, nb::handle w2, nb::handle y, nb::handle workspace, const std::string& scoring,
          bool renormalize, int64_t n_group, int64_t topk_group, double routed_scaling_factor, nb::handle w13_scale,
-         nb::handle w2_scale, nb::handle expert_load, uintptr_t stream) {
+         nb::handle w2_scale, nb::handle expert_load, nb::handle h, uintptr_t stream) {
         Call c("moe_forward");
         MoeInputs in;
         in.x = c.in("x", x);
@@ -281,41 +297,50 @@ NB_MODULE(_moekit, m) {
         in.w2 = c.in("w2", w2);
         in.w13_scale = c.in_opt("w13_scale", w13_scale);
         in.w2_scale = c.in_opt("w2_scale", w2_scale);
-        const Tensor ty = c.out("y", y), load = c.out_opt("expert_load", expert_load);
-        const Call::WorkspaceArg w = c.workspace(plan, workspace);
+        const Tensor ty = c.out("y", y), load = c.out_opt("expert_load", expert_load), th = c.out_opt("h", h);
+        std::optional<ForwardPlan> kept;
+        const ForwardPlan& p = plan_with_h("moe_forward", plan, th, kept);
+        const Call::WorkspaceArg w = c.workspace(p, workspace);
         const RouterOptions o =
             router_options("moe_forward", scoring, renormalize, n_group, topk_group, routed_scaling_factor);
-        launch_on_device(c, [&] { moekit::moe_forward(plan, in, o, ty, w.base, w.bytes, as_stream(stream), load); });
+        launch_on_device(c, [&] { moekit::moe_forward(p, in, o, ty, w.base, w.bytes, as_stream(stream), load, th); });
       },
       "plan"_a, "x"_a.none(), "w_gate"_a.none(), "router_logits"_a.none(), "score_bias"_a.none(), "w13"_a.none(), "w2"_a.none(), "y"_a.none(),
       "workspace"_a.none(), nb::kw_only(), "scoring"_a = "softmax", "renormalize"_a = false, "n_group"_a = 0,
       "topk_group"_a = 0, "routed_scaling_factor"_a = 1.0, "w13_scale"_a.none() = nb::none(),
-      "w2_scale"_a.none() = nb::none(), "expert_load"_a.none() = nb::none(), "stream"_a = 0,
+      "w2_scale"_a.none() = nb::none(), "expert_load"_a.none() = nb::none(), "h"_a.none() = nb::none(),
+      "stream"_a = 0,
       "The whole layer: route -> align -> up -> down -> combine into y [T,H] bf16. fp8 plans: w13/w2 e4m3 with "
       "their block scales w13_scale/w2_scale f32 (x is quantized on the device). expert_load [E] int64 (optional): "
-      "gains this call's assignments per expert, on the device (never read or cleared by moekit).");
+      "gains this call's assignments per expert, on the device (never read or cleared by moekit). h "
+      "[plan.max_rows,2F] bf16 (optional, bf16 plans: the training forward): the up GEMM also writes g|u, its gate "
+      "and up values before SwiGLU, of every sorted row (the workspace's sorted_ids order; padding rows are not "
+      "written) for moe_backward(..., h=h) with a plan_backward(..., saved='h'); it shares no memory with another "
+      "argument. y is the same with or without h; the plan given is not changed.");
 
   m.def(
       "experts_forward",
       [](const ForwardPlan& plan, nb::handle x, nb::handle w13, nb::handle w2, nb::handle topk_ids,
          nb::handle topk_weights, nb::handle y, nb::handle workspace, nb::handle w13_scale, nb::handle w2_scale,
-         nb::handle expert_load, uintptr_t stream) {
+         nb::handle expert_load, nb::handle h, uintptr_t stream) {
         Call c("experts_forward");
         const Tensor tx = c.in("x", x), t13 = c.in("w13", w13), t2 = c.in("w2", w2);
         const Tensor s13 = c.in_opt("w13_scale", w13_scale), s2 = c.in_opt("w2_scale", w2_scale);
         const Tensor ids = c.in("topk_ids", topk_ids), wts = c.in("topk_weights", topk_weights);
-        const Tensor ty = c.out("y", y), load = c.out_opt("expert_load", expert_load);
-        const Call::WorkspaceArg w = c.workspace(plan, workspace);
+        const Tensor ty = c.out("y", y), load = c.out_opt("expert_load", expert_load), th = c.out_opt("h", h);
+        std::optional<ForwardPlan> kept;
+        const ForwardPlan& p = plan_with_h("experts_forward", plan, th, kept);
+        const Call::WorkspaceArg w = c.workspace(p, workspace);
         launch_on_device(c, [&] {
-          moekit::experts_forward(plan, tx, ExpertWeights{t13, t2, s13, s2}, ids, wts, ty, w.base, w.bytes,
-                                  as_stream(stream), load);
+          moekit::experts_forward(p, tx, ExpertWeights{t13, t2, s13, s2}, ids, wts, ty, w.base, w.bytes,
+                                  as_stream(stream), load, th);
         });
       },
       "plan"_a, "x"_a.none(), "w13"_a.none(), "w2"_a.none(), "topk_ids"_a.none(), "topk_weights"_a.none(), "y"_a.none(), "workspace"_a.none(), nb::kw_only(),
       "w13_scale"_a.none() = nb::none(), "w2_scale"_a.none() = nb::none(), "expert_load"_a.none() = nb::none(),
-      "stream"_a = 0,
+      "h"_a.none() = nb::none(), "stream"_a = 0,
       "Stages 2-5 with the routing given (topk_ids [T,k] i32, topk_weights [T,k] f32); fp8 plans: the weights' "
-      "block scales, and expert_load, as in moe_forward.");
+      "block scales, and expert_load and h (the training forward's g|u, bf16 plans), as in moe_forward.");
 
   m.def(
       "check_status",

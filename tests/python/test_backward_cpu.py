@@ -138,3 +138,49 @@ def test_moe_backward_without_a_gpu(h200, forward):
     keep = []
     with pytest.raises(moekit.CudaError):
         moekit.moe_backward(b, *backward_arrays(keep), cuda_capsule(0, (b.workspace_bytes // 4 + 1,), keep))
+
+
+# ---- the training forward's h (moe_forward / experts_forward, h=) ----------------------------
+
+def forward_arrays(entry, keep):
+    """The positional arrays of moe_forward (router from w_gate) or experts_forward for plan (T, H, F, E, K),
+    as hand-made CUDA capsules, the workspace last (at least any plan's here)."""
+    shapes = dict(moe_forward=dict(x=(T, H), w_gate=(E, H), router_logits=None, score_bias=None, w13=(E, 2 * F, H),
+                                   w2=(E, H, F), y=(T, H)),
+                  experts_forward=dict(x=(T, H), w13=(E, 2 * F, H), w2=(E, H, F), topk_ids=(T, K),
+                                       topk_weights=(T, K), y=(T, H)))[entry]
+    arrays = [None if shape is None else cuda_capsule(0, shape, keep) for shape in shapes.values()]
+    return arrays + [cuda_capsule(0, (1 << 24,), keep)]
+
+
+@pytest.mark.parametrize("entry", ["moe_forward", "experts_forward"])
+def test_forward_h_is_checked_at_the_boundary(h200, forward, entry):
+    """h (the training forward's g | u, for moe_backward with saved='h') is an output array like y: checked
+    at the boundary in the same order, naming 'h'; with an fp8 plan it is refused before any device call. (Each
+    call has fresh capsules: a DLPack capsule is consumed by its first import.)"""
+    np = pytest.importorskip("numpy")
+    call, keep = getattr(moekit, entry), []
+    with pytest.raises(moekit.Error, match=f"{entry}: argument 'h': expected a CUDA device array, got one on cpu"):
+        call(forward, *forward_arrays(entry, keep), h=host_array())
+    with pytest.raises(moekit.Error, match=f"{entry}: argument 'h': expected dtype bf16, .*got float64"):
+        call(forward, *forward_arrays(entry, keep), h=np.zeros((forward.max_rows, 2 * F)))
+    with pytest.raises(moekit.Error, match=f"{entry}: argument 'h': must be contiguous"):
+        call(forward, *forward_arrays(entry, keep), h=np.zeros((forward.max_rows, 4 * F), np.float32)[:, ::2])
+    with pytest.raises(moekit.Error, match=f"{entry}: argument 'h': is on CUDA device 1 but 'x' is on CUDA device 0"):
+        call(forward, *forward_arrays(entry, keep), h=cuda_capsule(1, (forward.max_rows, 2 * F), keep))
+    fp8 = moekit.plan_forward(T, H, F, E, K, device=h200, precision="fp8")
+    with pytest.raises(moekit.Error, match=f"{entry}: argument 'h': is kept for the bf16 backward, but this plan is "
+                                           "fp8: pass no h"):
+        call(fp8, *forward_arrays(entry, keep), h=cuda_capsule(0, (fp8.max_rows, 2 * F), keep))
+
+
+@needs_no_gpu
+@pytest.mark.parametrize("entry", ["moe_forward", "experts_forward"])
+def test_forward_with_h_without_a_gpu(forward, entry):
+    """An h that passes the boundary (a bf16 plan) reaches the device, which is missing here: a CudaError.
+    The shared Plan is not the one the call ran with (the binding sets save_h on a copy): its text is as it was."""
+    keep, before = [], forward.str()
+    with pytest.raises(moekit.CudaError):
+        getattr(moekit, entry)(forward, *forward_arrays(entry, keep), h=cuda_capsule(0, (forward.max_rows, 2 * F),
+                                                                                        keep))
+    assert forward.str() == before

@@ -1,6 +1,7 @@
 """GPU tests of training through moekit.torch (moekit._train, moekit's backward): gradients against
 PyTorch autograd of the naive per-expert loop in FP32 (moekit.reference) for each router gradient
-and each choice of what needs grad, exact zeros for the experts no token chose, determinism; a
+and each choice of what needs grad, with the forward keeping h (save_h) and without, exact zeros for
+the experts no token chose, determinism; a
 torch.compile(fullgraph=True) training step and a CUDA-graph-captured forward + backward, both
 bitwise the eager gradients; and a 30-step Adam run of a small MoE whose loss curve and updates
 follow those of the same model in plain PyTorch. Skipped without a Hopper GPU (see conftest.py)."""
@@ -84,15 +85,16 @@ def make_inputs(name, T, seed=0):
     return t, ids, bias
 
 
-def moekit_grads(name, t, bias, dy):
+def moekit_grads(name, t, bias, dy, save_h=False):
     entry, routing, _, grad = CASES[name]
     leaves = {k: v.detach().clone().requires_grad_(k in grad) for k, v in t.items()}
     if entry == "experts":
-        y = moekit.fused_experts(leaves["x"], leaves["w13"], leaves["w2"], leaves["topk_weights"], t["topk_ids"])
+        y = moekit.fused_experts(leaves["x"], leaves["w13"], leaves["w2"], leaves["topk_weights"], t["topk_ids"],
+                                 save_h=save_h)
     else:
         y = moekit.fused_moe(leaves["x"], leaves["w13"], leaves["w2"], router_logits=leaves.get("router_logits"),
                              w_gate=leaves["w_gate"] if entry == "w_gate" else None, top_k=K,
-                             e_score_correction_bias=bias, **routing)
+                             e_score_correction_bias=bias, save_h=save_h, **routing)
     (y.float() * dy).sum().backward()
     return {k: leaves[k].grad for k in grad}
 
@@ -142,13 +144,14 @@ def router_dependent(name) -> set:
 # ds_1 = r·s_2·(dw_1 − dw_2)/S², and the like for softmax without renormalisation), whose relative error
 # has no floor when they are close; over 16 tokens and more the norm is carried by the tokens where
 # they are not (the chance that the error still exceeds 4U there is negligible).
+@pytest.mark.parametrize("save_h", [False, True], ids=["recompute", "save_h"])
 @pytest.mark.parametrize("T", [1, 16, 200])
 @pytest.mark.parametrize("name", list(CASES))
-def test_gradients_match_fp32_autograd(name, T):
+def test_gradients_match_fp32_autograd(name, T, save_h):
     t, ids, bias = make_inputs(name, T, seed=T)
     t["topk_ids"] = ids
     dy = probe(T, H, seed=T + 100)
-    got = moekit_grads(name, t, bias, dy)
+    got = moekit_grads(name, t, bias, dy, save_h)
     want = reference_grads(name, t, ids, dy)
     assert set(got) == set(CASES[name][3])
     for arg, g in got.items():
@@ -165,7 +168,7 @@ def test_gradients_match_fp32_autograd(name, T):
     for arg in ("w13", "w2"):
         if arg in got:
             assert all(bool((got[arg][e] == 0).all()) for e in untouched), f"d{arg} of an expert with no rows"
-    again = moekit_grads(name, t, bias, dy)
+    again = moekit_grads(name, t, bias, dy, save_h)
     assert all(torch.equal(again[k], got[k]) for k in got), "not deterministic"
 
 
@@ -177,7 +180,7 @@ def test_a_loss_on_the_router_logits_reaches_w_gate_and_x():
     dy, d_logits = probe(T, H, seed=10), randn(T, E, seed=11, dtype=torch.float32)
     x, w_gate = t["x"].clone().requires_grad_(), t["w_gate"].clone().requires_grad_()
     y, _, topk_ids, logits, *_ = torch.ops.moekit.fused_moe_train(x, t["w13"], t["w2"], None, w_gate, None, K, True,
-                                                                   "softmax", 0, 0, 1.0)
+                                                                   "softmax", 0, 0, 1.0, False)
     assert torch.equal(topk_ids, ids)
     ((y.float() * dy).sum() + (logits * d_logits).sum()).backward()
     xr, wr = t["x"].clone().requires_grad_(), t["w_gate"].clone().requires_grad_()

@@ -36,15 +36,16 @@ ROUTING = (True, "softmax", 0, 0, 1.0)  # renormalize, scoring_func, num_expert_
 SCHEMAS = {
     "fused_moe_train": "moekit::fused_moe_train(Tensor x, Tensor w13, Tensor w2, Tensor? router_logits, Tensor? "
                        "w_gate, Tensor? score_bias, SymInt top_k, bool renormalize, str scoring_func, SymInt "
-                       "num_expert_group, SymInt topk_group, float routed_scaling_factor) -> (Tensor, Tensor, Tensor, "
-                       "Tensor, Tensor, Tensor, Tensor, Tensor)",
+                       "num_expert_group, SymInt topk_group, float routed_scaling_factor, bool save_h) -> (Tensor, "
+                       "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     "fused_experts_train": "moekit::fused_experts_train(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor "
-                           "topk_ids) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+                           "topk_ids, bool save_h) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
     "moe_backward": "moekit::moe_backward(Tensor dy, Tensor x, Tensor w13, Tensor w2, Tensor? w_gate, Tensor? "
                     "router_logits, Tensor topk_weights, Tensor topk_ids, Tensor sorted_ids, Tensor block_expert, "
-                    "Tensor num_rows_padded, Tensor expert_counts, Tensor? d_logits_aux, str router, bool input_grad, "
-                    "bool weight_grads, bool renormalize, str scoring_func, SymInt num_expert_group, SymInt "
-                    "topk_group, float routed_scaling_factor) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+                    "Tensor num_rows_padded, Tensor expert_counts, Tensor? h, Tensor? d_logits_aux, str router, bool "
+                    "input_grad, bool weight_grads, bool renormalize, str scoring_func, SymInt num_expert_group, "
+                    "SymInt topk_group, float routed_scaling_factor) -> (Tensor, Tensor, Tensor, Tensor, Tensor, "
+                    "Tensor)",
     "fused_moe": "moekit::fused_moe(Tensor x, Tensor w13, Tensor w2, Tensor? router_logits, Tensor? w_gate, Tensor? "
                  "score_bias, SymInt top_k, bool renormalize, str scoring_func, SymInt num_expert_group, SymInt "
                  "topk_group, float routed_scaling_factor, Tensor? w13_scale=None, Tensor? w2_scale=None) -> Tensor",
@@ -80,11 +81,11 @@ def spec(t):
 def test_fused_moe_train_fake_shapes(logits):
     t = leaves()
     router = (t["router_logits"], None) if logits else (None, t["w_gate"])
-    out = ops.fused_moe_train(t["x"], t["w13"], t["w2"], *router, None, K, *ROUTING)
+    out = ops.fused_moe_train(t["x"], t["w13"], t["w2"], *router, None, K, *ROUTING, False)
     rows, blocks = T * K + (E + 1) * (moekit._moekit.MAX_BLOCK_M - 1), -(-T * K // moekit._moekit.MIN_BLOCK_M) + E
     assert [spec(o) for o in out] == [((T, H), bf16), ((T, K), f32), ((T, K), i32), ((0 if logits else T, E), f32),
-                                      ((rows,), i32), ((blocks,), i32), ((1,), i32), ((E,), i32)]
-    exp = ops.fused_experts_train(t["x"], t["w13"], t["w2"], t["topk_weights"], t["topk_ids"])
+                                      ((rows,), i32), ((blocks,), i32), ((1,), i32), ((E,), i32), ((0, 2 * F), bf16)]
+    exp = ops.fused_experts_train(t["x"], t["w13"], t["w2"], t["topk_weights"], t["topk_ids"], False)
     assert [spec(o) for o in exp] == [spec(o) for o in out[:1] + out[4:]]
 
 
@@ -93,11 +94,11 @@ def test_fused_moe_train_fake_shapes(logits):
 ])
 def test_moe_backward_fake_shapes(router, input_grad, weight_grads):
     t = leaves()
-    layout = ops.fused_experts_train(t["x"], t["w13"], t["w2"], t["topk_weights"], t["topk_ids"])[1:]
+    layout = ops.fused_experts_train(t["x"], t["w13"], t["w2"], t["topk_weights"], t["topk_ids"], False)[1:5]
     w_gate = t["w_gate"].float() if router == "gate" else None  # d_w_gate takes w_gate's dtype
     logits = t["router_logits"] if router != "none" else None
     got = ops.moe_backward(t["x"], t["x"], t["w13"], t["w2"], w_gate, logits, t["topk_weights"], t["topk_ids"], *layout,
-                           None, router, input_grad, weight_grads, *ROUTING)
+                           None, None, router, input_grad, weight_grads, *ROUTING)
     absent = ((0,), f32)
     assert [spec(g) for g in got] == [((T, H), bf16) if input_grad else absent,
                                       ((E, 2 * F, H), bf16) if weight_grads else absent,
@@ -131,9 +132,9 @@ class OpLog(TorchDispatchMode):
         return [name for name, _ in self.calls]
 
     def backward_options(self):
-        """(router, input_grad, weight_grads, w_gate given, router_logits given, d_logits_aux given) of
-        each moe_backward call."""
-        return [(a[13], a[14], a[15], a[4] is not None, a[5] is not None, a[12] is not None)
+        """(router, input_grad, weight_grads, w_gate given, router_logits given, d_logits_aux given, h given)
+        of each moe_backward call."""
+        return [(a[14], a[15], a[16], a[4] is not None, a[5] is not None, a[13] is not None, a[12] is not None)
                 for name, a in self.calls if name == "moekit::moe_backward"]
 
 
@@ -151,19 +152,21 @@ NEEDS = [
 ]
 
 
+@pytest.mark.parametrize("save_h", [False, True])
 @pytest.mark.parametrize("entry, grad, want", NEEDS)
-def test_autograd_asks_the_backward_for_what_needs_grad(entry, grad, want):
+def test_autograd_asks_the_backward_for_what_needs_grad(entry, grad, want, save_h):
     t = leaves(grad=grad)
     with OpLog() as log:
         if entry == "experts":
-            y = ops.fused_experts_train(t["x"], t["w13"], t["w2"], t["topk_weights"], t["topk_ids"])[0]
+            y = ops.fused_experts_train(t["x"], t["w13"], t["w2"], t["topk_weights"], t["topk_ids"], save_h)[0]
         else:
             router = (None, t["w_gate"]) if entry == "w_gate" else (t["router_logits"], None)
-            y = ops.fused_moe_train(t["x"], t["w13"], t["w2"], *router, None, K, *ROUTING)[0]
+            y = ops.fused_moe_train(t["x"], t["w13"], t["w2"], *router, None, K, *ROUTING, save_h)[0]
         assert y.requires_grad
         (y.float() * 2).sum().backward()  # dy arrives expanded: the formula makes it contiguous
     router = want[0]
-    assert log.backward_options() == [want + (router == "gate", router != "none", router == "gate")]
+    # The kept h reaches the backward exactly when the forward kept it (save_h).
+    assert log.backward_options() == [want + (router == "gate", router != "none", router == "gate", save_h)]
     for name, leaf in t.items():
         if name in grad:
             assert leaf.grad is not None and spec(leaf.grad) == spec(leaf), name
@@ -183,7 +186,7 @@ def test_compile_traces_a_training_step():
         return compile_graph
 
     def step(x, w13, w2, w_gate, probe):
-        y = ops.fused_moe_train(x, w13, w2, None, w_gate, None, K, *ROUTING)[0]
+        y = ops.fused_moe_train(x, w13, w2, None, w_gate, None, K, *ROUTING, False)[0]
         return (y.float() * probe).sum()
 
     torch._dynamo.reset()
@@ -279,9 +282,10 @@ def test_cached_backward_plans_do_not_outlive_the_interpreter():
         plan_forward, plan_backward = C.plan_forward, C.plan_backward
         C.plan_forward = lambda *shape, device=None, **kw: plan_forward(*shape, device=h200, **kw)
         C.plan_backward = lambda forward, device=None, **kw: plan_backward(forward, device=h200, **kw)
-        for router in ("none", "logits", "gate"):
-            _backward_plan(16, 1024, 512, 16, 4, 0, router, True, True)
-        assert _backward_plan.cache_info().currsize == 3
+        for saved in ("recompute", "h"):
+            for router in ("none", "logits", "gate"):
+                _backward_plan(16, 1024, 512, 16, 4, 0, saved, router, True, True)
+        assert _backward_plan.cache_info().currsize == 6
         del C, fused_moe, _backward_plan, h200, plan_forward, plan_backward
         for name in [m for m in sys.modules if m == "moekit" or m.startswith("moekit.")]:
             del sys.modules[name]
