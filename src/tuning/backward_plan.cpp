@@ -111,6 +111,10 @@ void expect_backward_plan(const BackwardPlan& p, const char* entry) {
   if (p.dw_wgmma && (p.block_m != 128 || !p.options.weight_grads))
     fail(entry, "plan", "dw_wgmma needs block_m 128 and options.weight_grads (got block_m " +
                             std::to_string(p.block_m) + "): make plans with plan_backward");
+  if (p.dw_wgmma && tuning::wgmma_weight_grad_items(p.shape, p.dw_splits) > int64_t(INT32_MAX))
+    fail(entry, "plan", "dw_wgmma: the weight gradients' " +
+                            std::to_string(tuning::wgmma_weight_grad_items(p.shape, p.dw_splits)) +
+                            " tiles exceed the wgmma kernel's 32-bit work items: make plans with plan_backward");
   if ((p.tile_rows != 16 && p.tile_rows != 64 && p.tile_rows != 128) || p.block_m % p.tile_rows != 0)
     fail(entry, "plan", "tile_rows " + std::to_string(p.tile_rows) + " must be 16, 64 or 128 and divide block_m " +
                             std::to_string(p.block_m) + ": make plans with plan_backward");
@@ -147,12 +151,21 @@ std::string BackwardPlan::str() const {
          (gate_splits > 1 ? " gate_splits=" + std::to_string(gate_splits) : "") + " source=" + source;
 }
 
+int64_t tuning::wgmma_weight_grad_items(const MoeShape& s, int splits) {
+  auto tiles = [](int64_t m, int64_t n) {
+    return (m + kWgmmaWeightGradTileM - 1) / kWgmmaWeightGradTileM * ((n + kWgmmaWeightGradTileN - 1) / kWgmmaWeightGradTileN);
+  };
+  // < 2^63: E <= 512, splits <= 8 and each tile count < 2^21 · 2^13 (the shape's limits)
+  return s.experts * splits * std::max(tiles(2 * s.inter, s.hidden), tiles(s.hidden, s.inter));
+}
+
 void use_wgmma_gemms(BackwardPlan& p, bool h, bool d, bool dx, bool dw) {
   const bool wgmma = p.block_m == 128;
   p.h_wgmma = wgmma && h && p.options.saved == SavedActivations::recompute;
   p.d_wgmma = wgmma && d;
   p.dx_wgmma = wgmma && dx && p.dx_splits == 1 && p.options.input_grad;
-  p.dw_wgmma = wgmma && dw && p.options.weight_grads;
+  p.dw_wgmma = wgmma && dw && p.options.weight_grads &&
+               tuning::wgmma_weight_grad_items(p.shape, p.dw_splits) <= int64_t(INT32_MAX);
 }
 
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options) {

@@ -29,6 +29,12 @@ int plan_gate_grad_splits(const MoeShape& shape, const DeviceInfo& device);
 // (Qwen3 T = 1024, 4096; Mixtral T = 1024: -14 to -17%).
 inline constexpr int64_t kWideTileRowsPerExpert = 1024;
 int plan_backward_tile_rows(const MoeShape& shape, int block_m);
+// The wgmma weight-gradient kernel (src/gemm/sm90/weight_grad.cuh) claims 32-bit work items, one
+// per 128 x 256 tile of dW13 [2F, H] or dW2 [H, F] per expert and split: the larger count of the
+// two, E · splits · tiles, which plan_backward keeps within INT32_MAX (else the weight gradients
+// stay on the mma.sync tile) and expect_backward_plan checks.
+inline constexpr int64_t kWgmmaWeightGradTileM = 128, kWgmmaWeightGradTileN = 256;
+int64_t wgmma_weight_grad_items(const MoeShape& shape, int splits);
 
 }  // namespace moekit::tuning
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,13 @@
 
 namespace moekit::testing {
 namespace {
+
+// The first compiled wgmma config (block_m 128): the planner's prefill tile.
+const GemmConfig& chosen_wgmma_config() {
+  for (const GemmConfig& c : compiled_gemm_configs())
+    if (c.kernel == GemmKernel::wgmma) return c;
+  throw std::logic_error("no compiled wgmma config");
+}
 
 BackwardOptions every_grad() {
   BackwardOptions o;
@@ -48,6 +56,30 @@ TEST(PlanBackward, ReplaysTheForwardsLayoutAndConfigs) {
       EXPECT_EQ(b.gate_splits, tuning::plan_gate_grad_splits(fwd.shape, kH200));
       EXPECT_NO_THROW(detail::expect_backward_plan(b, "test"));
     }
+}
+
+// The wgmma weight-gradient kernel's 32-bit work items: counted by hand for the presets, and a
+// shape past 2^31 items keeps its weight gradients on the mma.sync tile; a plan edited to take
+// the wgmma kernel there is refused, naming 'plan'.
+TEST(PlanBackward, WgmmaWeightGradItemsFit32Bits) {
+  // Mixtral: dW13 [28672, 4096] is 224 x 16 tiles, dW2 [4096, 14336] 32 x 56: 8 · 3584 items.
+  EXPECT_EQ(tuning::wgmma_weight_grad_items(shape_of(kPresets[0], 16384), 1), 8 * 224 * 16);
+  EXPECT_EQ(tuning::wgmma_weight_grad_items(shape_of(kPresets[0], 16384), 4), 4 * 8 * 224 * 16);
+  // H = 2^20, F = 2^16, E = 512: dW13 is 1024 x 4096 tiles an expert, 2^31 items in all.
+  const MoeShape huge{8192, int64_t(1) << 20, int64_t(1) << 16, 512, 8};
+  EXPECT_EQ(tuning::wgmma_weight_grad_items(huge, 1), int64_t(1) << 31);
+  const GemmConfig& wide = chosen_wgmma_config();
+  const ForwardPlan fwd = plan_forward_with(huge, wide, wide);
+  BackwardPlan b = plan_backward(fwd, kH200, every_grad());
+  EXPECT_EQ(b.block_m, 128);
+  EXPECT_TRUE(b.d_wgmma) << b.str();
+  EXPECT_FALSE(b.dw_wgmma) << "2^31 items do not fit the wgmma kernel's 32-bit items: " << b.str();
+  EXPECT_NO_THROW(detail::expect_backward_plan(b, "test"));
+  b.dw_wgmma = true;
+  EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(b, "test"); }, "plan"));
+  const MoeShape fits{8192, int64_t(1) << 20, (int64_t(1) << 16) - 128, 512, 8};
+  EXPECT_LT(tuning::wgmma_weight_grad_items(fits, 1), int64_t(1) << 31);
+  EXPECT_TRUE(plan_backward(plan_forward_with(fits, wide, wide), kH200, every_grad()).dw_wgmma);
 }
 
 TEST(PlanBackward, SplitRulesByHand) {

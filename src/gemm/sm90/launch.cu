@@ -23,6 +23,7 @@
 #include "gemm/launch.hpp"
 #include "gemm/sm90/kernel.cuh"
 #include "gemm/sm90/weight_grad.cuh"
+#include "tuning/backward_planner.hpp"  // the wgmma weight-gradient tile the plan counts items of
 
 namespace moekit::detail {
 
@@ -166,11 +167,10 @@ void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_b
   kernels::gemm::KGroupedParams p = p_in;
   p.m_tiles = int32_t((p.m_dim + sm90::kWeightGradM - 1) / sm90::kWeightGradM);
   p.n_tiles = int32_t((p.n_dim + sm90::kWeightGradN - 1) / sm90::kWeightGradN);
-  const int64_t items = int64_t(p.experts) * p.splits * p.m_tiles * p.n_tiles;
+  const int64_t items = int64_t(p.experts) * p.splits * p.m_tiles * p.n_tiles;  // <= INT32_MAX: expect_backward_plan
   if (items == 0) return;
-  if (items > INT32_MAX)
-    fail("moe_backward", "shape", "the weight gradients' " + std::to_string(items) +
-                                      " tiles exceed the wgmma kernel's 32-bit work items");
+  static_assert(sm90::kWeightGradM == tuning::kWgmmaWeightGradTileM && sm90::kWeightGradN == tuning::kWgmmaWeightGradTileN,
+                "the planner's count of the weight-gradient items is this kernel's");
   static_assert(2 * std::max(2 * kMaxInter, kMaxHidden) <= int64_t(UINT32_MAX),
                 "the weight-gradient producer forms row bytes (2F or H bf16) in 32 bits");
   if (a_by_token)
