@@ -168,9 +168,9 @@ def align(plan: Plan, topk_ids: DLPackArray | None, workspace: DLPackArray | Non
     Stage 2: the expert-sorted, block_m-padded order of the assignments, in the workspace. expert_load [E] int64 (optional): gains this call's assignments per expert, on the device.
     """
 
-def expert_up(plan: Plan, x: DLPackArray | None, w13: DLPackArray | None, workspace: DLPackArray | None, *, w13_scale: DLPackArray | None = None, stream: int = 0) -> None:
+def expert_up(plan: Plan, x: DLPackArray | None, w13: DLPackArray | None, workspace: DLPackArray | None, *, w13_scale: DLPackArray | None = None, h: DLPackArray | None = None, stream: int = 0) -> None:
     """
-    Stage 3: act = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) per sorted row, in the workspace. fp8 plans: x is the workspace's x_q (quantize_tokens), w13 e4m3 with w13_scale [E,2·ceil(F/128),ceil(H/128)] f32.
+    Stage 3: act = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) per sorted row, in the workspace. fp8 plans: x is the workspace's x_q (quantize_tokens), w13 e4m3 with w13_scale [E,2·ceil(F/128),ceil(H/128)] f32. h [plan.max_rows,2F] bf16 (optional, bf16 plans): g|u of every sorted row too, as moe_forward's h.
     """
 
 def expert_down(plan: Plan, w2: DLPackArray | None, topk_weights: DLPackArray | None, workspace: DLPackArray | None, *, w2_scale: DLPackArray | None = None, stream: int = 0) -> None:

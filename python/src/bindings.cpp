@@ -234,17 +234,20 @@ NB_MODULE(_moekit, m) {
   m.def(
       "expert_up",
       [](const ForwardPlan& plan, nb::handle x, nb::handle w13, nb::handle workspace, nb::handle w13_scale,
-         uintptr_t stream) {
+         nb::handle h, uintptr_t stream) {
         Call c("expert_up");
         const Tensor tx = c.in("x", x), tw = c.in("w13", w13);
-        const Tensor ts = c.in_opt("w13_scale", w13_scale);
-        const Workspace ws = c.workspace(plan, workspace).ws;
-        launch_on_device(c, [&] { moekit::expert_up(plan, tx, tw, ws, as_stream(stream), ts); });
+        const Tensor ts = c.in_opt("w13_scale", w13_scale), th = c.out_opt("h", h);
+        std::optional<ForwardPlan> kept;
+        const ForwardPlan& p = plan_with_h("expert_up", plan, th, kept);
+        const Workspace ws = c.workspace(p, workspace).ws;
+        launch_on_device(c, [&] { moekit::expert_up(p, tx, tw, ws, as_stream(stream), ts, th); });
       },
       "plan"_a, "x"_a.none(), "w13"_a.none(), "workspace"_a.none(), nb::kw_only(), "w13_scale"_a.none() = nb::none(),
-      "stream"_a = 0,
+      "h"_a.none() = nb::none(), "stream"_a = 0,
       "Stage 3: act = silu(x·W_gateᵀ) ⊙ (x·W_upᵀ) per sorted row, in the workspace. fp8 plans: x is the "
-      "workspace's x_q (quantize_tokens), w13 e4m3 with w13_scale [E,2·ceil(F/128),ceil(H/128)] f32.");
+      "workspace's x_q (quantize_tokens), w13 e4m3 with w13_scale [E,2·ceil(F/128),ceil(H/128)] f32. h "
+      "[plan.max_rows,2F] bf16 (optional, bf16 plans): g|u of every sorted row too, as moe_forward's h.");
 
   m.def(
       "expert_down",

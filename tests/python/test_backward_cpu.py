@@ -143,17 +143,18 @@ def test_moe_backward_without_a_gpu(h200, forward):
 # ---- the training forward's h (moe_forward / experts_forward, h=) ----------------------------
 
 def forward_arrays(entry, keep):
-    """The positional arrays of moe_forward (router from w_gate) or experts_forward for plan (T, H, F, E, K),
-    as hand-made CUDA capsules, the workspace last (at least any plan's here)."""
+    """The positional arrays of moe_forward (router from w_gate), experts_forward or expert_up for plan (T, H,
+    F, E, K), as hand-made CUDA capsules, the workspace last (at least any plan's here)."""
     shapes = dict(moe_forward=dict(x=(T, H), w_gate=(E, H), router_logits=None, score_bias=None, w13=(E, 2 * F, H),
                                    w2=(E, H, F), y=(T, H)),
                   experts_forward=dict(x=(T, H), w13=(E, 2 * F, H), w2=(E, H, F), topk_ids=(T, K),
-                                       topk_weights=(T, K), y=(T, H)))[entry]
+                                       topk_weights=(T, K), y=(T, H)),
+                  expert_up=dict(x=(T, H), w13=(E, 2 * F, H)))[entry]
     arrays = [None if shape is None else cuda_capsule(0, shape, keep) for shape in shapes.values()]
     return arrays + [cuda_capsule(0, (1 << 24,), keep)]
 
 
-@pytest.mark.parametrize("entry", ["moe_forward", "experts_forward"])
+@pytest.mark.parametrize("entry", ["moe_forward", "experts_forward", "expert_up"])
 def test_forward_h_is_checked_at_the_boundary(h200, forward, entry):
     """h (the training forward's g | u, for moe_backward with saved='h') is an output array like y: checked
     at the boundary in the same order, naming 'h'; with an fp8 plan it is refused before any device call. (Each
@@ -175,7 +176,7 @@ def test_forward_h_is_checked_at_the_boundary(h200, forward, entry):
 
 
 @needs_no_gpu
-@pytest.mark.parametrize("entry", ["moe_forward", "experts_forward"])
+@pytest.mark.parametrize("entry", ["moe_forward", "experts_forward", "expert_up"])
 def test_forward_with_h_without_a_gpu(forward, entry):
     """An h that passes the boundary (a bf16 plan) reaches the device, which is missing here: a CudaError.
     The shared Plan is not the one the call ran with (the binding sets save_h on a copy): its text is as it was."""
