@@ -217,12 +217,13 @@ def test_torch_compile_fullgraph_training_step_matches_eager():
         assert abs(loss.item() - want_loss.item()) <= 1e-4 * abs(want_loss.item()), f"T={T}"
 
 
-def test_cuda_graph_captures_forward_and_backward():
+@pytest.mark.parametrize("save_h,T", [(False, 96), (True, 300)], ids=["recompute", "save_h"])
+def test_cuda_graph_captures_forward_and_backward(save_h, T):
     """One graph holds the forward and the backward (the whole-network recipe of torch.cuda.graph):
-    each replay on new inputs writes the gradients eager autograd gives, bit for bit."""
+    each replay on new inputs writes the gradients eager autograd gives, bit for bit. With save_h the
+    forward's h lives in the graph's pool and the backward reads it (T = 300: the wgmma prefill plan)."""
     torch.manual_seed(4)
-    T = 96
-    m = mt.MoE(H, F, E, K, renormalize=True, device="cuda", trainable=True)
+    m = mt.MoE(H, F, E, K, renormalize=True, device="cuda", trainable=True, save_h=save_h)
     static_x, static_dy = randn(T, H, seed=1).requires_grad_(), probe(T, H, seed=2)
 
     def step():
@@ -243,7 +244,7 @@ def test_cuda_graph_captures_forward_and_backward():
         torch.cuda.synchronize()
         x = x.requires_grad_()
         want = torch.autograd.grad((m(x).float() * dy).sum(), [x, *m.parameters()])
-        assert all(torch.equal(got, w) for got, w in zip(grads, want)), f"replay {seed}"
+        assert all(got is not None and torch.equal(got, w) for got, w in zip(grads, want)), f"replay {seed}"
 
 
 class Twin(torch.nn.Module):
