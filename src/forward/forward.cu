@@ -81,9 +81,12 @@ void experts_forward(const ForwardPlan& plan, const Tensor& x, const ExpertWeigh
   detail::expect_tensor(fn, "topk_ids", topk_ids, DType::i32, {s.tokens, s.topk});
   detail::expect_tensor(fn, "topk_weights", topk_weights, DType::f32, {s.tokens, s.topk});
   const Workspace ws = detail::carve_named(plan, workspace, workspace_bytes, fn, "workspace", "workspace_bytes");
-  std::vector<detail::Span> spans = layer_spans(plan, x, w, y, workspace);
-  spans.push_back(detail::span_of("topk_ids", topk_ids));
-  spans.push_back(detail::span_of("topk_weights", topk_weights));
+  std::vector<detail::Span> spans;  // what h and expert_load may not alias: built only when one is given
+  if (plan.save_h || expert_load.given()) {
+    spans = layer_spans(plan, x, w, y, workspace);
+    spans.push_back(detail::span_of("topk_ids", topk_ids));
+    spans.push_back(detail::span_of("topk_weights", topk_weights));
+  }
   detail::expect_saved_h(fn, plan, h, spans);
   if (expert_load.given()) {
     spans.push_back(detail::span_of("h", h));
@@ -107,10 +110,13 @@ void moe_forward(const ForwardPlan& plan, const MoeInputs& in, const RouterOptio
   detail::expect_router_inputs(fn, "router_logits", in.x, in.w_gate, in.router_logits, in.score_bias, opt, s.tokens,
                                s.topk, s.experts, s.hidden);
   const Workspace ws = detail::carve_named(plan, workspace, workspace_bytes, fn, "workspace", "workspace_bytes");
-  std::vector<detail::Span> spans = layer_spans(plan, in.x, w, y, workspace);
-  spans.push_back(detail::span_of("w_gate", in.w_gate));
-  spans.push_back(detail::span_of("router_logits", in.router_logits));
-  spans.push_back(detail::span_of("score_bias", in.score_bias));
+  std::vector<detail::Span> spans;  // what h and expert_load may not alias: built only when one is given
+  if (plan.save_h || expert_load.given()) {
+    spans = layer_spans(plan, in.x, w, y, workspace);
+    spans.push_back(detail::span_of("w_gate", in.w_gate));
+    spans.push_back(detail::span_of("router_logits", in.router_logits));
+    spans.push_back(detail::span_of("score_bias", in.score_bias));
+  }
   detail::expect_saved_h(fn, plan, h, spans);
   if (expert_load.given()) {
     spans.push_back(detail::span_of("h", h));

@@ -4,6 +4,8 @@
 // mma_sync/launch.cu (decode tiles) or sm90/launch.cu (128-row wgmma tiles).
 #include <nvtx3/nvToolsExt.h>
 
+#include <vector>
+
 #include "common/validate.hpp"
 #include "gemm/launch.hpp"
 
@@ -109,9 +111,11 @@ void expert_up(const ForwardPlan& plan, const Tensor& x, const Tensor& w13, cons
   if (fp8 && x.data != ws.x_q.data)
     detail::fail(fn, "x", "an fp8 plan's up GEMM reads ws.x_q (with ws.x_scale, from quantize_tokens): pass ws.x_q");
   using detail::span_of;
-  detail::expect_saved_h(fn, plan, h,
-                         {span_of("x", x), span_of("w13", w13), span_of("ws.act", ws.act), span_of("ws.sorted_ids", ws.sorted_ids),
-                          span_of("ws.block_expert", ws.block_expert), span_of("ws.num_rows_padded", ws.num_rows_padded)});
+  std::vector<detail::Span> spans;  // what h may not alias: built only when the plan saves h
+  if (plan.save_h)
+    spans = {span_of("x", x), span_of("w13", w13), span_of("ws.act", ws.act), span_of("ws.sorted_ids", ws.sorted_ids),
+             span_of("ws.block_expert", ws.block_expert), span_of("ws.num_rows_padded", ws.num_rows_padded)};
+  detail::expect_saved_h(fn, plan, h, spans);
   detail::launch_expert_up(plan, x.data, w13.data, ws, stream, w13_scale.as<const float>(), h.data);
 }
 
