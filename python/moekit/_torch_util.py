@@ -260,7 +260,7 @@ def _check_router(fn: str, T: int, H: int, E: int, x, router_logits, w_gate, bia
 
 
 def _check_bool(fn: str, arg: str, value):
-    """A flag (save_h): True or False, not a truthy value of another type."""
+    """A flag (save_h, use_grouped_topk): True or False, not a truthy value of another type."""
     if not isinstance(value, bool):
         raise TypeError(f"moekit.{fn}: argument '{arg}': expected a bool, got {type(value).__name__}")
 
@@ -313,9 +313,7 @@ def _grouped_topk(fn: str, use_grouped_topk, num_expert_group, topk_group) -> tu
     error rather than a silently different routing."""
     if use_grouped_topk is None:
         return num_expert_group, topk_group
-    if not isinstance(use_grouped_topk, bool):
-        raise TypeError(f"moekit.{fn}: argument 'use_grouped_topk': expected a bool, got "
-                        f"{type(use_grouped_topk).__name__}")
+    _check_bool(fn, "use_grouped_topk", use_grouped_topk)
     if use_grouped_topk and (num_expert_group is None or topk_group is None):
         _fail(fn, "use_grouped_topk", f"is True but num_expert_group={num_expert_group}, topk_group={topk_group}: "
                                       "grouped top-k needs both")

@@ -232,7 +232,7 @@ TEST_F(BackwardTest, TrainingForwardKeepsH) {
     check_outputs(saved, got);
     for (int i = 0; i < 2; ++i) ASSERT_TRUE(saved.run(stream) == got) << "run " << i << " differs";
     // The forward without save_h, on the same routing: y bitwise the training forward's.
-    BackwardRun forward_only(plain, o, c, stream, rng);
+    BackwardRun forward_only(plain, options(), c, stream, rng);  // recompute: no host h to build
     forward_only.forward_h(stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
     EXPECT_TRUE(forward_only.y.download() == saved.y.download()) << "save_h changed the forward's y";
