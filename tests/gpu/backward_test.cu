@@ -4,73 +4,15 @@
 // over layouts of block_m 16, 64 and 128, adversarial routings (every token on two experts, empty
 // experts, counts 0, 1, block_m, block_m + 1, one token, ids outside [0, E)), split-K of dx, dW and
 // d_w_gate, each RouterGrad mode, f32 dW accumulated into main_grad, T = 0; poisoned outputs and
-// workspace; bitwise determinism run to run and through a CUDA graph.
+// workspace; bitwise determinism run to run and through a CUDA graph. The prefill (wgmma) kernels
+// and the training forward that keeps h: backward_wgmma_test.cu.
 //   build/tests/moekit_gpu_tests --gtest_filter='BackwardTest.*'
 #include <string>
 
-#include "backward_util.hpp"
+#include "backward_run.hpp"
 
 namespace moekit::test {
 namespace {
-
-// plan_forward's layout (block_m 0), or the first compiled mma.sync config of that block_m for both
-// GEMMs: layouts of 64 and 128 rows at shapes the planner would give 16-row blocks.
-ForwardPlan forward_plan(const MoeShape& s, int block_m = 0) {
-  if (block_m == 0) return plan_forward(s, query_device());
-  for (const GemmConfig& c : compiled_gemm_configs(Precision::bf16))
-    if (c.block_m == block_m && c.kernel == GemmKernel::mma_sync) return plan_forward_with(s, c, c);
-  ADD_FAILURE() << "no compiled mma.sync config of block_m " << block_m;
-  return plan_forward(s, query_device());
-}
-
-BackwardOptions options(SavedActivations saved = SavedActivations::recompute, RouterGrad router = RouterGrad::none) {
-  BackwardOptions o;
-  o.saved = saved;
-  o.router = router;
-  return o;
-}
-
-std::string name_of(const MoeShape& s, int block_m, const BackwardOptions& o, uint64_t seed) {
-  return "T=" + std::to_string(s.tokens) + " H=" + std::to_string(s.hidden) + " F=" + std::to_string(s.inter) +
-         " E=" + std::to_string(s.experts) + " k=" + std::to_string(s.topk) + " block_m=" + std::to_string(block_m) +
-         " saved=" + saved_activations_name(o.saved) + " router=" + router_grad_name(o.router) + " seed " +
-         std::to_string(seed);
-}
-
-class BackwardTest : public GpuTest {
- protected:
-  // check()'s kernel choices instead of the planner's where the plan allows them (PlanOverride;
-  // the planner takes the 128-row tile only from 1024 rows an expert).
-  PlanOverride over_;
-  void adversarial_routings();
-  // One backward of a fresh case, checked; the run is returned for more checks.
-  void check(const MoeShape& s, int block_m, const BackwardOptions& o, const RouterOptions& opt = {},
-             std::vector<int32_t> ids = {}, DType w_gate_dtype = DType::bf16, bool aux = false, bool pass_d_topk = true) {
-    const uint64_t seed = fresh_seed();
-    SCOPED_TRACE(name_of(s, block_m, o, seed));
-    std::mt19937_64 rng(seed);
-    Case c = make_case(s, rng, o.router, opt, w_gate_dtype, std::move(ids));
-    if (aux) c.aux = random_f32(size_t(s.tokens * s.experts), rng, 0.1f);
-    BackwardRun run(forward_plan(s, block_m), o, std::move(c), stream, rng, pass_d_topk, over_);
-    SCOPED_TRACE(run.plan.str());
-    check_outputs(run, run.run(stream));
-  }
-};
-
-RouterOptions softmax_renorm() {
-  RouterOptions o;
-  o.renormalize = true;
-  return o;
-}
-RouterOptions sigmoid_grouped() {  // DeepSeek-V3's kind: sigmoid, 4 groups keep 2, renormalised, scaled
-  RouterOptions o;
-  o.scoring = Scoring::sigmoid;
-  o.renormalize = true;
-  o.n_group = 4;
-  o.topk_group = 2;
-  o.routed_scaling_factor = 2.5f;
-  return o;
-}
 
 TEST_F(BackwardTest, MatchesTheOracle) {
   // Each case with the planner's kernels (h, D and dx on wgmma wherever block_m is 128), then
@@ -100,6 +42,9 @@ TEST_F(BackwardTest, AdversarialRoutings) {
   }
 }
 
+}  // namespace
+
+// A member of the shared fixture (backward_run.hpp): outside this file's unnamed namespace.
 void BackwardTest::adversarial_routings() {
   std::mt19937_64 rng(fresh_seed());
   const MoeShape s{40, 256, 128, 8, 2};
@@ -122,6 +67,8 @@ void BackwardTest::adversarial_routings() {
   check({1, 256, 128, 8, 2}, 0, options());
   check({1, 256, 128, 8, 8}, 0, options(SavedActivations::h));
 }
+
+namespace {
 
 // Ids outside [0, E) have no row (align skips them and reports it in ws.status): no gradient, and
 // dx of their tokens sums their other slots.
@@ -200,85 +147,6 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
     const Outputs first = run.run(stream);
     check_outputs(run, first);
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(run.run(stream) == first) << "run " << i << " differs";
-  }
-}
-
-// The training forward keeps h (ForwardPlan::save_h: Mode::UpSaveH on wgmma, the mma.sync up
-// GEMM's UpSaveHEpilogue) into a poisoned h of the caller's, and the backward reads it
-// (SavedActivations::h, in.h = that h): the forward's y is bitwise the one without save_h, the gradients match the oracle, and
-// where the forward's up GEMM and the backward's recomputation are one kernel family (wgmma at
-// block_m 128, mma.sync elsewhere) they are bitwise those of the recomputing backward.
-TEST_F(BackwardTest, TrainingForwardKeepsH) {
-  struct Shape {
-    MoeShape s;
-    int block_m;
-  };
-  // The 16-row layout (the planner's at 8 rows an expert), 64-row and mma.sync 128-row layouts,
-  // partial tiles (H = 200, F = 72), the planner's prefill layout (wgmma up) and many tiles a CTA.
-  for (const Shape& sh : {Shape{{33, 256, 128, 8, 2}, 0}, Shape{{33, 256, 128, 8, 2}, 64}, Shape{{45, 200, 72, 6, 2}, 16},
-                          Shape{{45, 200, 72, 6, 2}, 128}, Shape{{300, 256, 128, 8, 2}, 0},
-                          Shape{{1500, 576, 328, 8, 2}, 0}}) {
-    const uint64_t seed = fresh_seed();
-    const BackwardOptions o = options(SavedActivations::h, RouterGrad::none);
-    SCOPED_TRACE(name_of(sh.s, sh.block_m, o, seed));
-    std::mt19937_64 rng(seed);
-    const Case c = make_case(sh.s, rng);
-    ForwardPlan plain = forward_plan(sh.s, sh.block_m), training = plain;
-    training.save_h = true;
-    SCOPED_TRACE(training.str());
-    BackwardRun saved(training, o, c, stream, rng);
-    ASSERT_FALSE(saved.plan.h_wgmma) << "h is given: nothing is recomputed";
-    const Outputs got = saved.run(stream);
-    check_outputs(saved, got);
-    for (int i = 0; i < 2; ++i) ASSERT_TRUE(saved.run(stream) == got) << "run " << i << " differs";
-    // The forward without save_h, on the same routing: y bitwise the training forward's.
-    BackwardRun forward_only(plain, options(), c, stream, rng);  // recompute: no host h to build
-    forward_only.forward_h(stream);
-    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    EXPECT_TRUE(forward_only.y.download() == saved.y.download()) << "save_h changed the forward's y";
-    BackwardRun recompute(plain, options(SavedActivations::recompute), c, stream, rng);
-    const bool same_family = (plain.up.kernel == GemmKernel::wgmma) == recompute.plan.h_wgmma;
-    if (same_family) EXPECT_TRUE(recompute.run(stream) == got) << "the saved h is not the recomputed one, bitwise";
-  }
-}
-
-// The recomputation of h, the D and the dx GEMMs on the wgmma kernel (Mode::UpH; Mode::DGrad and
-// Mode::Dx, W2 and W13 read N-major through their own TMA boxes and descriptor) and dW2 / dW13 on
-// the wgmma weight-gradient kernel (both operands MN-major by cp.async), each alone and all:
-// against the oracle at partial tiles (F = 328: 256 + 72 columns and a partial ⟨D, act⟩ group;
-// H = 576: 256 + 256 + 64, and dW2's M = 576 = 4.5 tiles: a last tile with one warpgroup's rows;
-// K tails of 2F = 656 and of ~375 rows an expert) and many tiles a CTA, bitwise the same run to
-// run, and within the bounds of the mma.sync path (the two sum in different orders; what no
-// wgmma kernel touched is bitwise equal).
-TEST_F(BackwardTest, RaggedGemmsOnWgmma) {
-  const uint64_t seed = fresh_seed();
-  const MoeShape s{1500, 576, 328, 8, 2};
-  const BackwardOptions o = options(SavedActivations::recompute, RouterGrad::gate);
-  SCOPED_TRACE(name_of(s, 128, o, seed));
-  std::mt19937_64 rng(seed);
-  const Case c = make_case(s, rng, RouterGrad::gate, softmax_renorm());
-  BackwardRun mma_sync(forward_plan(s, 128), o, c, stream, rng, true, PlanOverride::mma_sync());
-  const Outputs base = mma_sync.run(stream);
-  // Each kernel alone (D, dx, h, dW), then all four: the planner's choice at block_m 128.
-  for (const PlanOverride over :
-       {PlanOverride::wgmma(false, true, false, false), PlanOverride::wgmma(false, false, true, false),
-        PlanOverride::wgmma(true, false, false, false), PlanOverride::wgmma(false, false, false, true),
-        PlanOverride::wgmma(true, true, true, true)}) {
-    BackwardRun run(forward_plan(s, 128), o, c, stream, rng, true, over);
-    SCOPED_TRACE(run.plan.str());
-    ASSERT_TRUE(run.plan.d_wgmma == over.d_wgmma && run.plan.dx_wgmma == over.dx_wgmma &&
-                run.plan.h_wgmma == over.h_wgmma && run.plan.dw_wgmma == over.dw_wgmma);
-    const Outputs first = run.run(stream);
-    check_outputs(run, first);
-    for (int i = 0; i < 2; ++i) ASSERT_TRUE(run.run(stream) == first) << "run " << i << " differs";
-    report_error("dx against mma.sync", ref::rel_norm_error(to_double(first.dx), to_double(base.dx)), 2 * kDxTol);
-    if (!over.d_wgmma && !over.h_wgmma) {
-      EXPECT_TRUE(first.d_topk == base.d_topk && first.d_w_gate == base.d_w_gate)
-          << "with h and D on mma.sync, d_topk_weights and d_w_gate are the mma.sync path's";
-      if (!over.dw_wgmma)
-        EXPECT_TRUE(first.dw13 == base.dw13 && first.dw2 == base.dw2) << "and dW too, on mma.sync";
-      if (!over.dx_wgmma) EXPECT_TRUE(first.dx == base.dx) << "and dx too, on mma.sync";
-    }
   }
 }
 
