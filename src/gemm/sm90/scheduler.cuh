@@ -17,7 +17,7 @@
 // consumers' path (the producer runs stages ahead of them).
 // Protocol per slot: the publisher waits for item_empty (every warp read the slot's previous
 // item), stores, arrives on item_full (release); a warp waits on item_full (acquire), reads, and
-// its lane 0 arrives on item_empty.
+// its lane 0 arrives on item_empty (take_item: two ways of it).
 #pragma once
 
 #include <cstdint>
@@ -75,13 +75,30 @@ __device__ __forceinline__ void publish_item(const Params& p, const Smem<Cfg>& s
 // The next unclaimed item, for the claiming thread (its first item is blockIdx.x).
 __device__ __forceinline__ int32_t claim_item(int32_t* tile_counter) { return int32_t(gridDim.x) + atomicAdd(tile_counter, 1); }
 
-// Called by all 32 lanes of a warp: the next item.
-template <class Cfg>
+// Called by all 32 lanes of a warp: the next item. Every lane reads the slot, then a __syncwarp
+// orders those reads before lane 0's arrival on item_empty (which lets the publisher overwrite it).
+// kLaneZero: lane 0 alone waits, reads, arrives and shuffles the item to its warp, so each read is
+// in program order before the arrival. Both are sound. On the weight-gradient kernel racecheck
+// reported 4 hazards between the slot's store and its reads with the first and none with the
+// second (the expert GEMM is clean with either); the expert GEMM's producer (64 registers) spills
+// with the second. So the weight-gradient kernel takes kLaneZero, the expert GEMM the first.
+template <class Cfg, bool kLaneZero = false>
 __device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
-  ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
-  const Item it{ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
-  __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
+  Item it{0, 0};
+  if constexpr (kLaneZero) {
+    if (lane == 0) {
+      ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
+      it = {ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
+      ptx::mbar_arrive(sm.item_empty(ring.slot));
+    }
+    it.item = __shfl_sync(0xffffffffu, it.item, 0);
+    it.live = __shfl_sync(0xffffffffu, it.live, 0);
+  } else {
+    ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
+    it = {ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
+  }
   ring.advance();
   return it;
 }

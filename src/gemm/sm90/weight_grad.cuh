@@ -114,7 +114,7 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
   for (;;) {
     if (t == 0) post_item(sm, ring, next, 3);  // both warpgroups take every item (see consume_weight_grad)
-    const int32_t item = take_item(sm, ring, lane).item;
+    const int32_t item = take_item<Cfg, true>(sm, ring, lane).item;
     if (item >= items) break;
     if (t == 0) next = claim_item(p.tile_counter);  // claimed now: its latency hides under the item
     const WeightGradItem w = weight_grad_item(p, item);
@@ -199,7 +199,7 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
   float acc[Cfg::kAccs];
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
-  Item it = take_item(sm, ring, lane);
+  Item it = take_item<Cfg, true>(sm, ring, lane);
   while (it.item < items) {
     const WeightGradItem w = weight_grad_item(p, it.item);
     const KRange k = k_range(p, w);
@@ -209,7 +209,7 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
 #pragma unroll
     for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
     if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
-    const Item next = take_item(sm, ring, lane);
+    const Item next = take_item<Cfg, true>(sm, ring, lane);
     if (live) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
     it = next;
   }
