@@ -85,20 +85,13 @@ __device__ __forceinline__ int32_t claim_item(int32_t* tile_counter) { return in
 template <class Cfg, bool kLaneZero = false>
 __device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
   Item it{0, 0};
-  if constexpr (kLaneZero) {
-    if (lane == 0) {
-      ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
-      it = {ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
-      ptx::mbar_arrive(sm.item_empty(ring.slot));
-    }
-    it.item = __shfl_sync(0xffffffffu, it.item, 0);
-    it.live = __shfl_sync(0xffffffffu, it.live, 0);
-  } else {
+  if (!kLaneZero || lane == 0) {
     ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
     it = {ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
-    __syncwarp();
-    if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
   }
+  if constexpr (!kLaneZero) __syncwarp();
+  if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
+  if constexpr (kLaneZero) it = {__shfl_sync(0xffffffffu, it.item, 0), __shfl_sync(0xffffffffu, it.live, 0)};
   ring.advance();
   return it;
 }
