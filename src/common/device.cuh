@@ -42,7 +42,9 @@ __device__ __forceinline__ int lane_id() { return int(threadIdx.x & 31); }
 
 // Programmatic dependent launch (common/launch.hpp): every kernel calls pdl_wait() before it
 // reads a predecessor's output (a no-op when launched without PDL), then pdl_trigger() so the
-// next kernel may be scheduled; its own pdl_wait() still waits for this grid to finish.
+// next kernel may be scheduled; its own pdl_wait() still waits for this grid to finish. (The
+// mma.sync expert GEMM at the forward's up -> down boundary triggers later and prefetches before
+// its wait: gemm/mma_sync/kernel.cuh, docs/design.md "PDL launches".)
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 

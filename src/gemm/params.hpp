@@ -73,6 +73,11 @@ struct Params {
   float* dw_partials;
   // UpSaveH (bf16): h = g | u [max_rows, 2F] of each sorted row, beside act in out.
   __nv_bfloat16* h_out;
+  // The forward's up -> down boundary (the mma.sync kernel; run_experts sets both, where down's
+  // predecessor is up, which waited for align before it let down start, so down's routing is
+  // final before down's own PDL wait):
+  int trigger_after_loads;  // Up: let the dependents launch once this CTA's last loads are issued
+  int prefetch_b_first;     // Down: before the PDL wait, the first item's first B K-tiles into L2
 };
 
 // The backward's weight gradients on the wgmma kernel (sm90/weight_grad.cuh): per expert e a

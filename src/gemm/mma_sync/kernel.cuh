@@ -43,7 +43,16 @@ template <Mode M, class Cfg, class Parts>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
 expert_gemm_kernel(const Params p) {
   constexpr int BK = Cfg::kBlockK, STAGES = Cfg::kStages;
-  dev::pdl_enter();
+  // The forward's up -> down boundary (Params::trigger_after_loads, prefetch_b_first): up lets
+  // down start only once its last loads are issued, and down moves its first B rows into L2
+  // before it waits for up, so its first K-tiles do not start from DRAM when up ends.
+  if constexpr (M == Mode::Down)
+    if (p.prefetch_b_first) prefetch_first_b<Cfg, typename Parts::Sched>(p, int(threadIdx.x));
+  bool trigger_pending = M == Mode::Up && p.trigger_after_loads;
+  if (trigger_pending)
+    dev::pdl_wait();
+  else
+    dev::pdl_enter();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __nv_bfloat16* smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   const typename Parts::Sched sched(p);
@@ -86,6 +95,10 @@ expert_gemm_kernel(const Params p) {
     }
     loader.load(smem, int((step + STAGES - 1) % STAGES));
     dev::cp_async_commit();
+    if (trigger_pending && loader.done()) {
+      dev::pdl_trigger();
+      trigger_pending = false;
+    }
     if (step < 0) continue;
     mma.k_tile(smem, int(step % STAGES), warp);
     --c_left;

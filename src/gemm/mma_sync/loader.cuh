@@ -159,6 +159,37 @@ struct Loader {
     scales.load(p, reinterpret_cast<unsigned char*>(smem), slot, ld_kt, tid);
     ++ld_kt;
   }
+
+  // Every load of the CTA's stream is issued.
+  __device__ __forceinline__ bool done() const { return sched.done(ld_item); }
 };
+
+// Down, before the kernel's PDL wait (Params::prefetch_b_first): the B rows of the CTA's first
+// item, its first K-tiles up to kPrefetchBytes, into L2 by one bulk request a row. The weights
+// never depend on the predecessor, and up waited for align before it let this kernel start, so
+// the routing read here is final; the up GEMM signals near its end (trigger_after_loads), so the
+// rows arrive while its last tiles drain instead of thrashing the L2 under its stream. A hint:
+// the loader's own cp.async of these rows still moves them into shared memory.
+template <class Cfg, class Sched>
+__device__ __forceinline__ void prefetch_first_b(const Params& p, int tid) {
+  constexpr int BN = Cfg::kBlockN, BK = Cfg::kBlockK;
+  constexpr int64_t kPrefetchBytes = 64 * 1024;  // a CTA's share: ~1.5 us of its SM's DRAM rate
+  constexpr int64_t kTiles = kPrefetchBytes / (int64_t(BN) * BK * 2) > 0 ? kPrefetchBytes / (int64_t(BN) * BK * 2) : 1;
+  const Sched sched(p);
+  if (!sched.cta_has_items()) return;
+  const Item it = sched.at(p, sched.first());
+  const int64_t k_tiles_total = (p.k_dim + BK - 1) / BK;
+  int64_t kt0;
+  const int64_t n = split_k_tiles(p, it.split, k_tiles_total, kt0);
+  const int64_t k_begin = kt0 * BK, k_end = min(p.k_dim, (kt0 + min(n, kTiles)) * BK);
+  const uint32_t bytes = uint32_t((k_end - k_begin) * 2) & ~15u;
+  if (k_end <= k_begin || bytes == 0) return;
+  const __nv_bfloat16* base = p.b + int64_t(p.block_expert[it.block]) * p.b_expert_stride + k_begin;
+  const int64_t n0 = it.n_tile * BN;
+  for (int r = tid; r < BN && n0 + r < p.n_dim; r += Cfg::kThreads) {
+    const __nv_bfloat16* src = base + (n0 + r) * p.k_dim;
+    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) dev::prefetch_l2_bulk(src, bytes);
+  }
+}
 
 }  // namespace moekit::kernels::gemm::mma_sync
