@@ -42,14 +42,14 @@ __device__ __forceinline__ int lane_id() { return int(threadIdx.x & 31); }
 
 // Programmatic dependent launch (common/launch.hpp): every kernel calls pdl_wait() before it
 // reads a predecessor's output (a no-op when launched without PDL), then pdl_trigger() so the
-// next kernel may be scheduled; its own pdl_wait() still waits for this grid to finish. (The
-// mma.sync expert GEMM at the forward's up -> down boundary triggers later and prefetches before
-// its wait: gemm/mma_sync/kernel.cuh, docs/design.md "PDL launches".)
+// next kernel may be scheduled; its own pdl_wait() still waits for this grid to finish.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
-// The two at a kernel's entry: nothing a moekit kernel does before its first read is worth
-// hoisting above the wait, and triggering at once lets the next grid queue behind this one.
+// The two at a kernel's entry: triggering at once lets the next grid queue behind this one. The
+// one kernel that does otherwise is the FP8 mma.sync GEMM at the forward's up -> down boundary
+// (Params::boundary: up triggers late, down prefetches weights before its wait;
+// gemm/mma_sync/kernel.cuh, docs/design.md "PDL launches").
 __device__ __forceinline__ void pdl_enter() {
   pdl_wait();
   pdl_trigger();

@@ -26,6 +26,8 @@ Params routing_params(const ForwardPlan& plan, const Workspace& ws) {
   p.num_assign = plan.shape.tokens * plan.shape.topk;
   p.topk = int(plan.shape.topk);
   p.k_splits = 1;
+  p.max_blocks = plan.max_blocks();
+  p.experts = plan.shape.experts;
   return p;
 }
 
@@ -45,7 +47,7 @@ void launch(Mode mode, const ForwardPlan& plan, const GemmConfig& c, const Param
 }  // namespace
 
 void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, const Workspace& ws,
-                      cudaStream_t stream, const float* w13_scale, void* h, bool down_next) {
+                      cudaStream_t stream, const float* w13_scale, void* h, bool boundary) {
   const MoeShape& s = plan.shape;
   if (s.tokens == 0) return;
   Params p = routing_params(plan, ws);
@@ -64,14 +66,14 @@ void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, c
     p.b_scale_expert_stride = w13_scale_rows(s.inter) * fp8_blocks(s.hidden);
   }
   if (plan.save_h) p.h_out = static_cast<__nv_bfloat16*>(h);  // bf16 plans only (expect_plan)
-  p.trigger_after_loads = down_next;
+  p.boundary = boundary;
   nvtxRangePushA("moekit.expert_up");
   launch(plan.save_h ? Mode::UpSaveH : Mode::Up, plan, plan.up, p, stream);
   nvtxRangePop();
 }
 
 void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,
-                        cudaStream_t stream, const float* w2_scale, bool after_up) {
+                        cudaStream_t stream, const float* w2_scale, bool boundary) {
   const MoeShape& s = plan.shape;
   if (s.tokens == 0) return;
   Params p = routing_params(plan, ws);
@@ -79,7 +81,7 @@ void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* to
   p.b = static_cast<const __nv_bfloat16*>(w2);
   p.out = ws.y_rows.as<__nv_bfloat16>();
   p.topk_weights = topk_weights;
-  p.prefetch_b_first = after_up;
+  p.boundary = boundary;
   if (plan.down_splits > 1) {
     p.k_splits = plan.down_splits;
     p.partials = ws.y_partials.as<float>();

@@ -16,17 +16,18 @@ namespace moekit::detail {
 // act = SwiGLU(x·W13ᵀ) for every sorted row of ws (x [T, H], w13 [E, 2F, H]), with plan.up.
 // fp8 plans: x is ws.x_q (its scales ws.x_scale), w13 e4m3 with w13_scale; act and act_scale out.
 // plan.save_h: h [max_rows, 2F] gets g | u of each sorted row too.
-// down_next: the next launch on the stream is this layer's launch_expert_down with after_up (the
-// mma.sync up then signals its dependents late: Params::trigger_after_loads).
+// boundary (Params::boundary): the next launch on the stream is this layer's launch_expert_down
+// with boundary; the up GEMM then lets it launch late, when its own loads are all issued.
 void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, const Workspace& ws,
                       cudaStream_t stream, const float* w13_scale = nullptr, void* h = nullptr,
-                      bool down_next = false);
+                      bool boundary = false);
 // y_rows (or y_partials) = topk_weights · act·W2ᵀ for every sorted row of ws, with plan.down.
 // fp8 plans: act e4m3 with ws.act_scale, w2 e4m3 with w2_scale.
-// after_up: the previous launch on the stream is launch_expert_up of the same ws, so the routing is
-// final when the mma.sync down starts (its B prefetch before the PDL wait reads it).
+// boundary (Params::boundary) is a precondition the launcher cannot check: the previous launch on
+// the stream is launch_expert_up of the same plan and ws (with boundary), so the routing is final
+// when down starts, before its PDL wait, and reads it to prefetch its first weight rows.
 void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,
-                        cudaStream_t stream, const float* w2_scale = nullptr, bool after_up = false);
+                        cudaStream_t stream, const float* w2_scale = nullptr, bool boundary = false);
 
 // The two families, for `p` filled from a plan (p.n_tiles and p.k_tiles_per_split are set here).
 // mma.sync (src/gemm/mma_sync): any compiled mma_sync config, split-K allowed.

@@ -73,11 +73,15 @@ struct Params {
   float* dw_partials;
   // UpSaveH (bf16): h = g | u [max_rows, 2F] of each sorted row, beside act in out.
   __nv_bfloat16* h_out;
-  // The forward's up -> down boundary (the mma.sync kernel; run_experts sets both, where down's
-  // predecessor is up, which waited for align before it let down start, so down's routing is
-  // final before down's own PDL wait):
-  int trigger_after_loads;  // Up: let the dependents launch once this CTA's last loads are issued
-  int prefetch_b_first;     // Down: before the PDL wait, the first item's first B K-tiles into L2
+  // The forward's up -> down boundary (the mma.sync kernels with Parts::kBoundary, the FP8 ones;
+  // set by run_experts on both GEMMs of a layer): Up lets its dependents launch only when its
+  // loader finds its loads all issued, not at its start; Down, before its PDL wait, prefetches the
+  // B rows of its first item into L2. Down reads the routing for that before its wait, so the flag
+  // promises that down's predecessor is this layer's up, which waited for align before it let down
+  // start. max_blocks and experts bound those early reads.
+  int boundary;
+  int64_t max_blocks;  // blocks the layout can hold (block_expert's length)
+  int64_t experts;     // E: experts in b
 };
 
 // The backward's weight gradients on the wgmma kernel (sm90/weight_grad.cuh): per expert e a

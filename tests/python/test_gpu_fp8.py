@@ -75,11 +75,14 @@ def test_fp8_layer_against_the_references(layer, T):
     assert torch.equal(y, fp8_moe(layer, x, logits))  # deterministic
 
 
-def test_fp8_stages_match_the_fused_layer(layer):
+@pytest.mark.parametrize("T", [1, 8, 77])
+def test_fp8_stages_match_the_fused_layer(layer, T):
     """quantize_tokens -> align -> expert_up -> expert_down -> combine in a poisoned Workspace: the
     fused layer's bits; x_q / x_scale are the CPU reference's per-token quantization (a 1 x 128
-    block is a token's group of 128 columns: the same contract)."""
-    T, H, F, E = 77, layer["H"], layer["F"], layer["E"]
+    block is a token's group of 128 columns: the same contract). T = 1 and 8 plan both GEMMs on
+    mma.sync, where the fused layer crosses the up -> down boundary (up signals late, down
+    prefetches before its PDL wait) and the stages do not: the same bits all the same."""
+    H, F, E = layer["H"], layer["F"], layer["E"]
     x = randn(T, H, seed=5)
     topk_w, topk_ids = mt.route(router_logits=randn(T, E, seed=6, dtype=torch.float32), top_k=K, renormalize=True)
     ws = stages.Workspace(T, H, F, E, K, precision="fp8")

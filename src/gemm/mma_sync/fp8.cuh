@@ -268,6 +268,7 @@ struct Fp8Parts {
   static constexpr bool kCompiled =
       M == Mode::Down ? Cfg::kBlockN <= 2 * kFp8Block : kFp8Block % kUpCols == 0 && kFp8Block / kUpCols <= 8;
   static constexpr int kCluster = M == Mode::Up && kCompiled ? kFp8Block / kUpCols : 1;
+  static constexpr bool kBoundary = true;  // Params::boundary (kernel.cuh)
   using Sched = DealtSchedule<Cfg, kCluster>;
   using Loader = mma_sync::Loader<M, Cfg, BlockScales<M, Cfg>, Sched>;
   using Mainloop = Fp8Mainloop<M, Cfg>;

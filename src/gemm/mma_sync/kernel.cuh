@@ -32,6 +32,7 @@ namespace moekit::kernels::gemm::mma_sync {
 template <Mode M, class Cfg, class Epi = mma_sync::Epilogue<M, Cfg>>
 struct Bf16Parts {
   static constexpr int kCluster = 1;
+  static constexpr bool kBoundary = false;  // Params::boundary: measured for FP8 only (forward.cu)
   using Sched = DealtSchedule<Cfg>;
   using Loader = mma_sync::Loader<M, Cfg>;
   using Mainloop = mma_sync::Mainloop<M, Cfg>;
@@ -43,12 +44,16 @@ template <Mode M, class Cfg, class Parts>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
 expert_gemm_kernel(const Params p) {
   constexpr int BK = Cfg::kBlockK, STAGES = Cfg::kStages;
-  // The forward's up -> down boundary (Params::trigger_after_loads, prefetch_b_first): up lets
-  // down start only once its last loads are issued, and down moves its first B rows into L2
-  // before it waits for up, so its first K-tiles do not start from DRAM when up ends.
-  if constexpr (M == Mode::Down)
-    if (p.prefetch_b_first) prefetch_first_b<Cfg, typename Parts::Sched>(p, int(threadIdx.x));
-  bool trigger_pending = M == Mode::Up && p.trigger_after_loads;
+  // The forward's up -> down boundary (Params::boundary; the FP8 parts only, so the bf16 kernels
+  // are the code they were without it): down moves its first item's B rows into L2 before it
+  // waits for up, and up lets down launch only once its loader finds its loads all issued, so
+  // those rows arrive while up's last K-tiles drain rather than under its stream.
+  bool trigger_pending = false;
+  if constexpr (Parts::kBoundary) {
+    if constexpr (M == Mode::Down)
+      if (p.boundary) prefetch_first_b<M, Cfg, typename Parts::Sched>(p, int(threadIdx.x));
+    trigger_pending = M == Mode::Up && p.boundary;
+  }
   if (trigger_pending)
     dev::pdl_wait();
   else
@@ -95,10 +100,11 @@ expert_gemm_kernel(const Params p) {
     }
     loader.load(smem, int((step + STAGES - 1) % STAGES));
     dev::cp_async_commit();
-    if (trigger_pending && loader.done()) {
-      dev::pdl_trigger();
-      trigger_pending = false;
-    }
+    if constexpr (Parts::kBoundary)
+      if (trigger_pending && loader.done()) {  // one step after the step that issued the last loads
+        dev::pdl_trigger();
+        trigger_pending = false;
+      }
     if (step < 0) continue;
     mma.k_tile(smem, int(step % STAGES), warp);
     --c_left;

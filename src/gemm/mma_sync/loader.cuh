@@ -11,6 +11,7 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/async_copy.cuh"
@@ -160,36 +161,43 @@ struct Loader {
     ++ld_kt;
   }
 
-  // Every load of the CTA's stream is issued.
+  // The stream is spent: true from the load() call after the one that issued its last loads.
   __device__ __forceinline__ bool done() const { return sched.done(ld_item); }
 };
 
-// Down, before the kernel's PDL wait (Params::prefetch_b_first): the B rows of the CTA's first
-// item, its first K-tiles up to kPrefetchBytes, into L2 by one bulk request a row. The weights
-// never depend on the predecessor, and up waited for align before it let this kernel start, so
-// the routing read here is final; the up GEMM signals near its end (trigger_after_loads), so the
-// rows arrive while its last tiles drain instead of thrashing the L2 under its stream. A hint:
-// the loader's own cp.async of these rows still moves them into shared memory.
-template <class Cfg, class Sched>
+// Down, before the kernel's PDL wait (Params::boundary): the B rows of the CTA's first item, its
+// first K-tiles up to kPrefetchBytes, into L2 by one bulk request a row. The weights never depend
+// on the predecessor, and up waited for align before it let this kernel start, so the routing
+// read here is final (bounded all the same: a wrong flag costs a wrong hint, not a fault); up
+// signals near its end, so the rows arrive while its last tiles drain instead of under its
+// stream. A hint: the loader's own cp.async of these rows still moves them into shared memory.
+// (The scheduler is built here and again after the wait: the kernel's own must not read the
+// routing before the wait where the flag is not set.)
+template <Mode M, class Cfg, class Sched>
 __device__ __forceinline__ void prefetch_first_b(const Params& p, int tid) {
+  static_assert(M == Mode::Down, "Up's B rows are gate/up pairs, and its routing is its predecessor's output");
   constexpr int BN = Cfg::kBlockN, BK = Cfg::kBlockK;
-  constexpr int64_t kPrefetchBytes = 64 * 1024;  // a CTA's share: ~1.5 us of its SM's DRAM rate
-  constexpr int64_t kTiles = kPrefetchBytes / (int64_t(BN) * BK * 2) > 0 ? kPrefetchBytes / (int64_t(BN) * BK * 2) : 1;
+  // A tuning constant, the one measured (docs/perf/NOTES.md, "Decode GEMM"): all of a Qwen3 down
+  // item, one K-tile of the 256-row FP8 tile.
+  constexpr int64_t kPrefetchBytes = 64 * 1024;
+  constexpr int64_t kTiles = std::max<int64_t>(1, kPrefetchBytes / (int64_t(BN) * BK * 2));
   const Sched sched(p);
   if (!sched.cta_has_items()) return;
   const Item it = sched.at(p, sched.first());
+  if (it.block >= p.max_blocks) return;
+  const int32_t expert = p.block_expert[it.block];
+  if (expert < 0 || expert >= p.experts) return;
   const int64_t k_tiles_total = (p.k_dim + BK - 1) / BK;
   int64_t kt0;
   const int64_t n = split_k_tiles(p, it.split, k_tiles_total, kt0);
   const int64_t k_begin = kt0 * BK, k_end = min(p.k_dim, (kt0 + min(n, kTiles)) * BK);
   const uint32_t bytes = uint32_t((k_end - k_begin) * 2) & ~15u;
   if (k_end <= k_begin || bytes == 0) return;
-  const __nv_bfloat16* base = p.b + int64_t(p.block_expert[it.block]) * p.b_expert_stride + k_begin;
+  const __nv_bfloat16* base = p.b + int64_t(expert) * p.b_expert_stride + k_begin;
   const int64_t n0 = it.n_tile * BN;
-  for (int r = tid; r < BN && n0 + r < p.n_dim; r += Cfg::kThreads) {
-    const __nv_bfloat16* src = base + (n0 + r) * p.k_dim;
-    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) dev::prefetch_l2_bulk(src, bytes);
-  }
+  // Rows start 16-byte aligned (the weights' 16-byte base and rows: common/validate.cpp) and
+  // k_begin is a whole K-tile, as the bulk request needs.
+  for (int r = tid; r < BN && n0 + r < p.n_dim; r += Cfg::kThreads) dev::prefetch_l2_bulk(base + (n0 + r) * p.k_dim, bytes);
 }
 
 }  // namespace moekit::kernels::gemm::mma_sync
