@@ -67,6 +67,7 @@ expect 0 "oracle OK" check --cpu --tokens 5
 expect 0 "oracle OK" check --cpu --tokens 3 --experts 16 --topk 4 --hidden 128 --inter 64
 # Exit codes in every command's --help.
 for cmd in bench check tune; do expect 0 "Exit codes: 0 ok; 1 .*; 2 .*; 3 bad command line" "$cmd" --help; done
+expect 0 "--candidates TEXT +also append one JSON line per candidate" tune --help
 expect 0 "^ +--backward +time the bf16 backward" bench --help
 # check without a GPU and without --cpu: one line, exit 2 (a GPU machine runs the check instead).
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then

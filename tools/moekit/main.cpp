@@ -142,6 +142,9 @@ int main(int argc, char** argv) {
   tune_cmd->add_option("--check-tokens", tune.check_tokens, "tokens the oracle checks per candidate")
       ->capture_default_str()
       ->check(whole_number(1, 1 << 20));
+  tune_cmd->add_option("--candidates", tune.candidates,
+                       "also append one JSON line per candidate and T to this file (its configs, outcome and time: "
+                       "the data a cost model of the kernels is fitted to)");
   tune_cmd->add_option("--dtype", tune.dtype,
                        "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales); each precision "
                        "has buckets of its own in the table")

@@ -214,6 +214,14 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
   std::optional<tuning::TileChoice> best;
   double best_ms = 0;
   std::optional<double> heuristic_ms;
+  auto line = [&](int i, const char* outcome, std::optional<double> ms, std::string note = {}) {  // --candidates
+    if (args.candidates.empty()) return;
+    const tuning::TileChoice& c = candidates[size_t(i)];
+    append_candidate_line(args.candidates, {shape.hidden, shape.inter, shape.experts, shape.topk, T, precision_name(precision),
+                                            c.up.str(), c.down.str(), c.down_splits, i == 0, outcome, ms,
+                                            experts.prepared() ? std::optional<double>(experts.read_ms()) : std::nullopt,
+                                            std::move(note)});
+  };
 
   for (int i = 0; i < n; ++i) {
     const tuning::TileChoice& c = candidates[size_t(i)];
@@ -236,6 +244,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
       if (ws_bytes + kWorkspaceMarginBytes > int64_t(free_bytes)) {
         std::printf("%s: skipped: its workspace needs %.2f GB, %.2f GB free\n", head().c_str(), double(ws_bytes) / 1e9,
                     double(free_bytes) / 1e9);
+        line(i, "skipped", std::nullopt, "workspace");
         continue;
       }
       const DeviceBuffer wsbuf(ws_bytes);
@@ -249,6 +258,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
       const auto [ok, summary] = experts.check(ws, yt);
       if (!ok) {
         std::printf("%s: CHECK FAILED, not timed\n  %s\n", head().c_str(), summary.c_str());
+        line(i, "check_failed", std::nullopt, summary);
         ++result.failed;
         continue;
       }
@@ -268,6 +278,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
         if (screen_ms > kScreenSlack * best_ms) {
           std::printf("%s: screened out: %.4f ms over %d steps, > %.2fx the best %.4f ms\n", head().c_str(), screen_ms,
                       kScreenSteps, kScreenSlack, best_ms);
+          line(i, "screened", screen_ms);
           continue;
         }
       }
@@ -278,11 +289,13 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
       MK_CUDA_CHECK(cudaMemcpy(y_after.data(), y.get(), size_t(y.bytes()), cudaMemcpyDeviceToHost));
       if (y_after != y_checked) {
         std::printf("%s: DETERMINISM FAILED: y after the timed runs differs from the checked y\n", head().c_str());
+        line(i, "determinism_failed", ms);
         ++result.failed;
         continue;
       }
       const bool is_best = !best || ms < best_ms;
       std::printf("%s: %.4f ms, %.0f%% of read%s\n", head().c_str(), ms, 100.0 * experts.read_ms() / ms, is_best ? " (best so far)" : "");
+      line(i, "timed", ms);
       if (i == 0) heuristic_ms = ms;
       if (is_best) {
         best = c;
@@ -290,6 +303,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
       }
     } catch (const Error& e) {
       std::printf("%s: skipped: %s\n", head().c_str(), e.what());
+      line(i, "skipped", std::nullopt, e.what());
     }
   }
 

@@ -24,7 +24,23 @@ struct TuneArgs {
   uint64_t seed = 20240901;
   int check_tokens = 16;
   std::string dtype = "bf16";  // --dtype: bf16 | fp8 (the fp8 experts of bench --dtype fp8)
+  std::string candidates;      // --candidates: the JSON-lines file of every candidate (empty: none)
 };
+
+// One line of --candidates: a candidate config at one T and what became of it, appended as it
+// finishes (a run cut short keeps its lines). The table keeps only each T's winner; a cost model
+// of the kernels is fitted to these.
+struct CandidateLine {
+  int64_t hidden = 0, inter = 0, experts = 0, topk = 0, tokens = 0;
+  std::string dtype, up, down;
+  int down_splits = 1;
+  bool heuristic = false;       // the heuristic's own choice (timed first)
+  std::string outcome;          // timed | screened | check_failed | determinism_failed | skipped
+  std::optional<double> ms;     // timed: median of --steps; screened: of the screen's steps
+  std::optional<double> read_ms;  // streaming read of the touched weights at this T
+  std::string note;             // why it was skipped, or the failed check's summary
+};
+void append_candidate_line(const std::string& path, const CandidateLine& line);
 
 int run_tune(const TuneArgs& args, const std::string& command);
 

@@ -106,4 +106,18 @@ void write_table_file(const std::string& path, const TableFile& t) {
   std::filesystem::rename(tmp, target);
 }
 
+void append_candidate_line(const std::string& path, const CandidateLine& c) {
+  json e;
+  e["hidden"] = c.hidden, e["inter"] = c.inter, e["experts"] = c.experts, e["topk"] = c.topk;
+  e["dtype"] = c.dtype, e["tokens"] = c.tokens;
+  e["up"] = c.up, e["down"] = c.down, e["down_splits"] = c.down_splits, e["heuristic"] = c.heuristic;
+  e["outcome"] = c.outcome;
+  e["ms"] = c.ms ? json(*c.ms) : json(nullptr);
+  e["read_ms"] = c.read_ms ? json(*c.read_ms) : json(nullptr);
+  e["note"] = c.note;
+  std::ofstream f(path, std::ios::app);
+  f << e.dump() << '\n';
+  if (!f) throw Error("--candidates: cannot append to '" + path + "'");
+}
+
 }  // namespace moekit::cli
