@@ -190,13 +190,13 @@ __device__ __forceinline__ void prefetch_first_b(const Params& p, int tid) {
   const int64_t k_tiles_total = (p.k_dim + BK - 1) / BK;
   int64_t kt0;
   const int64_t n = split_k_tiles(p, it.split, k_tiles_total, kt0);
+  if (n == 0) return;  // a trailing K-slice without K-tiles
   const int64_t k_begin = kt0 * BK, k_end = min(p.k_dim, (kt0 + min(n, kTiles)) * BK);
-  const uint32_t bytes = uint32_t((k_end - k_begin) * 2) & ~15u;
-  if (k_end <= k_begin || bytes == 0) return;
+  const uint32_t bytes = uint32_t((k_end - k_begin) * 2);
   const __nv_bfloat16* base = p.b + int64_t(expert) * p.b_expert_stride + k_begin;
   const int64_t n0 = it.n_tile * BN;
-  // Rows start 16-byte aligned (the weights' 16-byte base and rows: common/validate.cpp) and
-  // k_begin is a whole K-tile, as the bulk request needs.
+  // Rows start 16-byte aligned (the weights' 16-byte base and rows: common/validate.cpp), k_begin
+  // is a whole K-tile and k_end a K-tile or the row's end: 16-byte multiples, as the request needs.
   for (int r = tid; r < BN && n0 + r < p.n_dim; r += Cfg::kThreads) dev::prefetch_l2_bulk(base + (n0 + r) * p.k_dim, bytes);
 }
 
