@@ -43,9 +43,6 @@
   X(16, 64, 256, 1, 4, 3)          \
   X(16, 32, 256, 1, 2, 4)          \
   X(16, 256, 128, 1, 4, 4)
-// wgmma (prefill): X(block_n, stages), block_m 128, block_k 128. n128 is a down tile only
-// (sm90/fp8_down.cuh: A by TMA, two partial sums so the promotion runs under the next group); the
-// heuristic takes the first that can be down and the first that can be up.
+// wgmma (prefill): X(block_n, stages), block_m 128, block_k 128.
 #define MOEKIT_WGMMA_FP8_CONFIGS(X) \
-  X(128, 6)                         \
   X(256, 4)

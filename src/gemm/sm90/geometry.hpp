@@ -33,8 +33,7 @@ inline constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
 
 // The tile configuration of one compiled instance: BN columns of B per tile, STAGES-deep ring.
 // FP8: the same bytes per stage (a 128-byte row is 128 e4m3, one scale block deep), plus each
-// stage's scales: the A scale of every tile row, then the B scales of the tile's 128-row blocks
-// (two at n256, one at n128).
+// stage's scales: the A scale of every tile row, then the B scales of the tile's two 128-row halves.
 template <int BN, int STAGES, bool FP8 = false>
 struct Config {
   static constexpr int kBlockN = BN;
@@ -70,8 +69,7 @@ struct Config {
   static constexpr int kConsumerRegs = 216;
 
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
-  static_assert(!FP8 || BN == 256 || BN == 128,
-                "fp8: n256 (fp8.cuh, two n128 halves a stage) or n128 (fp8_down.cuh, one B scale block)");
+  static_assert(!FP8 || BN == 256, "the fp8 mainloop multiplies two n128 halves");
   static_assert(BN % 64 == 0, "Up stores BN/2 columns in groups of 32 (the quad transpose)");
   static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
   static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,

@@ -99,7 +99,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_expert_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap b_map) {
   using Cfg = Config<BN, STAGES, FP8>;
   extern __shared__ unsigned char smem_raw[];
-  if (threadIdx.x == 0) init_barriers(smem_layout<Cfg>(smem_raw));
+  if (threadIdx.x == 0) {
+    const Smem<Cfg> sm = smem_layout<Cfg>(smem_raw);
+    for (uint32_t s = 0; s < STAGES; ++s) {
+      ptx::mbar_init(sm.full(s), Cfg::kFullArrivals);
+      ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
+    }
+    for (uint32_t s = 0; s < kItemSlots; ++s) {
+      ptx::mbar_init(sm.item_full(s), Cfg::kItemFullArrivals);
+      ptx::mbar_init(sm.item_empty(s), Cfg::kItemEmptyArrivals);
+    }
+    ptx::mbar_init_fence();
+  }
   if (threadIdx.x == kConsumerThreads) ptx::tma_prefetch_desc(&b_map);
   dev::pdl_enter();  // launched with PDL (common/launch.hpp): the routing and A come from predecessors
   __syncthreads();

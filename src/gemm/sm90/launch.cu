@@ -21,7 +21,6 @@
 #include "common/validate.hpp"
 #include "gemm/configs.hpp"
 #include "gemm/launch.hpp"
-#include "gemm/sm90/fp8_down.cuh"
 #include "gemm/sm90/kernel.cuh"
 #include "gemm/sm90/weight_grad.cuh"
 #include "tuning/backward_planner.hpp"  // the wgmma weight-gradient tile the plan counts items of
@@ -75,26 +74,6 @@ CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n)
   return map;
 }
 
-// The FP8 down GEMM's A (sm90/fp8_down.cuh): act [max_rows][F] e4m3 in 2-byte units (k_dim) as
-// (K, rows, 1, 1), boxes of (64, 128, 1, 1): one stage of a tile's 128 sorted rows. Rows past
-// max_rows and K past F read zeros.
-CUtensorMap make_a_map(const Params& p, int64_t rows) {
-  const cuuint64_t dims[4] = {cuuint64_t(p.k_dim), cuuint64_t(rows), 1, 1};
-  const cuuint64_t row_bytes = cuuint64_t(p.k_dim) * 2;
-  const cuuint64_t strides[3] = {row_bytes, row_bytes * cuuint64_t(rows), row_bytes * cuuint64_t(rows)};
-  const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), cuuint32_t(sm90::kBlockM), 1, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  CUtensorMap map{};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(p.a),
-                                          dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw CudaError("sm90 FP8 down GEMM: cuTensorMapEncodeTiled of act failed with CUresult " + std::to_string(int(r)) +
-                    " (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes)");
-  return map;
-}
-
 // Once per kernel and device: raise its shared-memory limit; returns the SMs, one CTA each (the
 // grids are persistent).
 template <class Cfg, auto Kernel>
@@ -127,36 +106,15 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
              b_map);
 }
 
-// The FP8 down GEMM of 128-column tiles (sm90/fp8_down.cuh): A by TMA too.
-template <int BN, int ST>
-void launch_fp8_down(const Params& p_in, const CUtensorMap& b_map, int64_t max_blocks, cudaStream_t stream) {
-  using Cfg = sm90::Config<BN, ST, true>;
-  constexpr auto kernel = sm90::sm90_fp8_expert_gemm_kernel<Mode::Down, BN, ST>;
-  const int64_t sms = persistent_sms<Cfg, kernel>();
-  Params p = p_in;
-  p.n_tiles = (p.n_dim + BN - 1) / BN;
-  const CUtensorMap a_map = make_a_map(p, max_blocks * sm90::kBlockM);
-  const int64_t grid = std::max<int64_t>(1, std::min(sms, max_blocks * p.n_tiles));
-  MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
-  launch_pdl("sm90_fp8_expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream,
-             p, a_map, b_map);
-}
-
-// The forward's modes of one config: Up, Down, and (bf16) the training forward's UpSaveH. FP8 at
-// n128 is a down tile only (an up tile quantizes a whole 128-column act group: 256 B rows).
+// The forward's modes of one config: Up, Down, and (bf16) the training forward's UpSaveH.
 template <int BN, int ST, bool FP8>
 void launch_forward_instance(Mode mode, const Params& p, const CUtensorMap& b_map, int64_t max_blocks,
                              cudaStream_t stream) {
-  if constexpr (FP8 && BN == 128) {
-    if (mode == Mode::Down) return launch_fp8_down<BN, ST>(p, b_map, max_blocks, stream);
-    fail("expert_gemm", "plan", "the 128-column FP8 wgmma tile is a down tile (tuning::up_config_ok)");
-  } else {
-    if (mode == Mode::Up) return launch_instance<Mode::Up, BN, ST, FP8>(p, b_map, max_blocks, stream);
-    if (mode == Mode::Down) return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream);
-    if constexpr (!FP8)
-      if (mode == Mode::UpSaveH) return launch_instance<Mode::UpSaveH, BN, ST, FP8>(p, b_map, max_blocks, stream);
-    fail("expert_gemm", "plan", "the forward's wgmma GEMMs are Up, Down and (bf16) UpSaveH");
-  }
+  if (mode == Mode::Up) return launch_instance<Mode::Up, BN, ST, FP8>(p, b_map, max_blocks, stream);
+  if (mode == Mode::Down) return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream);
+  if constexpr (!FP8)
+    if (mode == Mode::UpSaveH) return launch_instance<Mode::UpSaveH, BN, ST, FP8>(p, b_map, max_blocks, stream);
+  fail("expert_gemm", "plan", "the forward's wgmma GEMMs are Up, Down and (bf16) UpSaveH");
 }
 
 }  // namespace

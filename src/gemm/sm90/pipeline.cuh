@@ -11,7 +11,6 @@
 
 #include "common/async_copy.cuh"
 #include "gemm/sm90/geometry.hpp"
-#include "gemm/sm90/ptx.cuh"
 
 namespace moekit::kernels::gemm::sm90 {
 
@@ -38,21 +37,6 @@ struct Smem {
   __device__ uint32_t item_empty(uint32_t slot) const { return base + Cfg::kItemBarOffset + (kItemSlots + slot) * 8; }
   __device__ uint32_t item_slot(uint32_t slot) const { return base + Cfg::kItemSlotOffset + slot * 8; }
 };
-
-// Thread 0 of a CTA, before the __syncthreads that starts the roles: every stage's full and empty
-// barriers and the work-item channel's.
-template <class Cfg>
-__device__ __forceinline__ void init_barriers(const Smem<Cfg>& sm) {
-  for (uint32_t s = 0; s < Cfg::kStages; ++s) {
-    ptx::mbar_init(sm.full(s), Cfg::kFullArrivals);
-    ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
-  }
-  for (uint32_t s = 0; s < kItemSlots; ++s) {
-    ptx::mbar_init(sm.item_full(s), Cfg::kItemFullArrivals);
-    ptx::mbar_init(sm.item_empty(s), Cfg::kItemEmptyArrivals);
-  }
-  ptx::mbar_init_fence();
-}
 
 // The map of the dynamic shared memory: its base rounded up to a 1024-byte swizzle atom
 // (Config::kSmemBytes reserves the slack).

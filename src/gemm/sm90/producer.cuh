@@ -30,7 +30,6 @@ namespace moekit::kernels::gemm::sm90 {
 template <Mode M, class Cfg>
 __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_map, const Smem<Cfg>& sm,
                                         int32_t items, int32_t blocks, int32_t k_tiles) {
-  static_assert(!Cfg::kFp8 || Cfg::kBlockN == 256, "the FP8 B scales here are two 128-row halves (n128: fp8_down.cuh)");
   constexpr int kChunksPerRow = kRowBytes / 16;                           // 8
   constexpr int kRowsPerPass = kProducerThreads / kChunksPerRow;          // 16
   constexpr int kPasses = kBlockM / kRowsPerPass;                         // 8

@@ -144,14 +144,6 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 #define MK_WGMMA_ACC64(o)                                                                                        \
   MK_WGMMA_ACC8(o), MK_WGMMA_ACC8((o) + 8), MK_WGMMA_ACC8((o) + 16), MK_WGMMA_ACC8((o) + 24),                    \
       MK_WGMMA_ACC8((o) + 32), MK_WGMMA_ACC8((o) + 40), MK_WGMMA_ACC8((o) + 48), MK_WGMMA_ACC8((o) + 56)
-// The same as outputs only: a wgmma that overwrites d (scale-d 0) does not read it, and saying so
-// lets the compiler treat d's old values as dead from their last use.
-#define MK_WGMMA_OUT8(o)                                                                                         \
-  "=f"(d[(o) + 0]), "=f"(d[(o) + 1]), "=f"(d[(o) + 2]), "=f"(d[(o) + 3]), "=f"(d[(o) + 4]), "=f"(d[(o) + 5]), \
-      "=f"(d[(o) + 6]), "=f"(d[(o) + 7])
-#define MK_WGMMA_OUT64(o)                                                                                        \
-  MK_WGMMA_OUT8(o), MK_WGMMA_OUT8((o) + 8), MK_WGMMA_OUT8((o) + 16), MK_WGMMA_OUT8((o) + 24),                    \
-      MK_WGMMA_OUT8((o) + 32), MK_WGMMA_OUT8((o) + 40), MK_WGMMA_OUT8((o) + 48), MK_WGMMA_OUT8((o) + 56)
 
 
 // D[64x256] (+)= A[64x16]·B[256x16]ᵀ, both from shared memory, f32 accumulators; B K-major
@@ -209,24 +201,6 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
 }
 
-// D[64x128] = A[64x32]·B[128x32]ᵀ, e4m3 as above, overwriting d (the first wgmma of a partial sum
-// that nothing reads before it: sm90/fp8_down.cuh).
-__device__ __forceinline__ void wgmma_m64n128k32_e4m3_overwrite(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, 0, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, %64, %65, p, 1, 1;\n}\n"
-      : MK_WGMMA_OUT64(0)
-      : "l"(desc_a), "l"(desc_b));
-}
-
-#undef MK_WGMMA_OUT64
-#undef MK_WGMMA_OUT8
 #undef MK_WGMMA_ACC64
 #undef MK_WGMMA_ACC8
 
