@@ -6,9 +6,9 @@
 // Promotion: the FP8 tensor cores' own accumulation is not full FP32, so each stage's products
 // are summed alone (wgmma e4m3, QGMMA) and then added to the FP32 accumulators times
 // a_scale(row) · b_scale(block). With 128 accumulators (the 64 x 256 tile of a warpgroup) and 216
-// registers there is room for 64 more: two 64 x 64 partial sums, so that a quarter of the stage
-// is promoted while the next one multiplies (mma_tile_fp8). B rows 0-127 (Up: gate) and 128-255
-// (Up: up) each have their own B scale.
+// registers there is room for one 64 x 128 sum at a time: a stage is two halves — B rows 0-127
+// (Up: gate) and 128-255 (Up: up), each with its own B scale — each multiplied (4 x m64n128k32),
+// waited for and promoted. The other consumer warpgroup's wgmma runs while this one promotes.
 #pragma once
 
 #include <cstdint>
@@ -24,35 +24,16 @@
 namespace moekit::kernels::gemm::sm90 {
 
 static_assert(kFp8BlockK == dev::kFp8Block, "a stage is one scale block deep");
-inline constexpr int kQuarterAccs = 32;                       // one m64n64 sum per thread
-inline constexpr uint32_t kQuarterBBytes = 64 * kRowBytes;    // B rows of one quarter of a stage
-
-// acc[quarter Q] += d · (a_scale · b_scale of the row: s0 for v % 4 < 2, s1 for the row 8 below).
-template <int Q, int N>
-__device__ __forceinline__ void promote_quarter(float (&acc)[N], float (&d)[kQuarterAccs], float s0, float s1) {
-  ptx::fence_operands(d);
-#pragma unroll
-  for (int v = 0; v < kQuarterAccs; ++v) acc[Q * kQuarterAccs + v] += d[v] * ((v & 2) ? s1 : s0);
-}
+inline constexpr int kHalfAccs = 64;                          // one m64n128 sum per thread
+inline constexpr uint32_t kHalfBBytes = 128 * kRowBytes;      // B rows 128..255 of a stage
 
 // acc = Σ over K blocks of (A·Bᵀ of the block) · a_scale · b_scale, for this warpgroup's 64 rows;
 // `rows` are this thread's two tile rows (acc_row of v % 4 = 0 and 2), for their A scales.
-//
-// The stage's 256 B rows are four quarters of 64 (quarters 0-1 under B scale 0, 2-3 under B scale
-// 1), each multiplied alone (4 x m64n64k32) into one of two 32-register partial sums: quarter
-// q + 1 is issued before quarter q is waited for and promoted, so the warpgroup keeps a group of
-// its own in flight while it promotes (the halves of a 64-register sum could not: each one's
-// promotion waited with only the other warpgroup's group in the pipe). The same 64 registers as
-// one 64 x 128 sum (216 a thread); the price is A re-read from shared memory once per quarter.
-// The stage's last quarter is promoted after the stage's only full wait. Carrying a group in
-// flight into the next stage (across its full-barrier wait) made ptxas move acc to local memory,
-// and the first wgmma of a sum must be "+f" with scale-d 0: with "=f" outputs ptxas hoists it
-// above the previous promotion's FFMAs and needs a third 32-register set (both spilled).
 template <class Cfg, class Hook>
 __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                              uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
                                              bool live, const int (&rows)[2], Hook&& after_first_step) {
-  static_assert(Cfg::kAccs == 4 * kQuarterAccs, "four n64 quarters");
+  static_assert(Cfg::kAccs == 2 * kHalfAccs, "two n128 halves");
   if (!live) {
     after_first_step();
     release_stages(sm, k_tiles, pipe, lane);
@@ -60,54 +41,39 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
   }
 #pragma unroll
   for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
-  float part0[kQuarterAccs], part1[kQuarterAccs];
-  // The stage being multiplied: its descriptors and its scale products c[b][r] = b_scale(b) ·
-  // a_scale(rows[r]).
-  uint64_t desc_a = 0, desc_b = 0;
-  float c[2][2];
-  auto begin_stage = [&] {
+  float part[kHalfAccs];
+  for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
     const uint32_t stage = pipe.stage;
     ptx::mbar_wait(sm.full(stage), pipe.phase);
     __syncwarp();
     ptx::fence_proxy_async_smem();  // A rows landed through cp.async; wgmma reads them asynchronously
     const uint32_t sc = sm.scales(stage);
-    const float sa0 = ptx::ld_shared_f32(sc + uint32_t(rows[0]) * 4), sa1 = ptx::ld_shared_f32(sc + uint32_t(rows[1]) * 4);
-    const float sb0 = ptx::ld_shared_f32(sc + Cfg::kScaleB * 4), sb1 = ptx::ld_shared_f32(sc + (Cfg::kScaleB + 1) * 4);
-    c[0][0] = sb0 * sa0, c[0][1] = sb0 * sa1, c[1][0] = sb1 * sa0, c[1][1] = sb1 * sa1;
-    desc_a = desc_advance(desc_a0, stage * Cfg::kABytes);
-    desc_b = desc_advance(desc_b0, stage * Cfg::kBBytes);
-  };
-  auto issue = [&](float(&d)[kQuarterAccs], int q) {
-    ptx::wgmma_fence();  // d was last read by a promotion
-    const uint64_t b = desc_advance(desc_b, uint32_t(q) * kQuarterBBytes);
-    ptx::wgmma_m64n64k32_e4m3(d, desc_a, b, false);
+    const float sa[2] = {ptx::ld_shared_f32(sc + uint32_t(rows[0]) * 4), ptx::ld_shared_f32(sc + uint32_t(rows[1]) * 4)};
+    const float sb[2] = {ptx::ld_shared_f32(sc + Cfg::kScaleB * 4), ptx::ld_shared_f32(sc + (Cfg::kScaleB + 1) * 4)};
+    const uint64_t desc_a = desc_advance(desc_a0, stage * Cfg::kABytes);
+    const uint64_t desc_b = desc_advance(desc_b0, stage * Cfg::kBBytes);
 #pragma unroll
-    for (int kk = 1; kk < kBlockK / kWgmmaK; ++kk) {
-      const uint32_t k_bytes = uint32_t(kk * 32);  // 32 e4m3 per wgmma along the 128-byte row
-      ptx::wgmma_m64n64k32_e4m3(d, desc_advance(desc_a, k_bytes), desc_advance(b, k_bytes), true);
+    for (int half = 0; half < 2; ++half) {
+      ptx::fence_operands(part);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
+        const uint32_t k_bytes = uint32_t(kk * 32);  // 32 e4m3 per wgmma along the 128-byte row
+        ptx::wgmma_m64n128k32_e4m3(part, desc_advance(desc_a, k_bytes),
+                                   desc_advance(desc_b, half * kHalfBBytes + k_bytes), kk > 0);
+      }
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(part);
+      if (half == 1) {  // both halves read the stage
+        __syncwarp();     // every lane's scale loads of the stage before lane 0 releases it
+        if (lane == 0) ptx::mbar_arrive(sm.empty(stage));
+      }
+      const float s0 = sa[0] * sb[half], s1 = sa[1] * sb[half];
+#pragma unroll
+      for (int v = 0; v < kHalfAccs; ++v) acc[half * kHalfAccs + v] += part[v] * ((v & 2) ? s1 : s0);
     }
-    ptx::wgmma_commit();
-  };
-  auto release = [&](uint32_t stage) {
-    __syncwarp();  // every lane's scale loads of the stage before lane 0 releases it
-    if (lane == 0) ptx::mbar_arrive(sm.empty(stage));
-  };
-  for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
-    begin_stage();
-    issue(part0, 0);
-    issue(part1, 1);
     if (kt == 0) after_first_step();
-    ptx::wgmma_wait<1>();
-    promote_quarter<0>(acc, part0, c[0][0], c[0][1]);
-    issue(part0, 2);
-    ptx::wgmma_wait<1>();
-    promote_quarter<1>(acc, part1, c[0][0], c[0][1]);
-    issue(part1, 3);
-    ptx::wgmma_wait<1>();
-    promote_quarter<2>(acc, part0, c[1][0], c[1][1]);
-    ptx::wgmma_wait<0>();
-    release(pipe.stage);
-    promote_quarter<3>(acc, part1, c[1][0], c[1][1]);
   }
 }
 

@@ -185,21 +185,22 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
 }
 
-// D[64x64] (+)= A[64x32]·B[64x32]ᵀ, e4m3 operands from shared memory (K-major, the only layout
-// FP8 wgmma takes), f32 accumulators (QGMMA in SASS): a quarter of the n256 FP8 tile (fp8.cuh).
-#define MK_WGMMA_ACC32(o) MK_WGMMA_ACC8(o), MK_WGMMA_ACC8((o) + 8), MK_WGMMA_ACC8((o) + 16), MK_WGMMA_ACC8((o) + 24)
-__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+// D[64x128] (+)= A[64x32]·B[128x32]ᵀ, e4m3 operands from shared memory (K-major, the only layout
+// FP8 wgmma takes), f32 accumulators (QGMMA in SASS).
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   asm volatile(
       "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
       "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-      "}, %32, %33, p, 1, 1;\n}\n"
-      : MK_WGMMA_ACC32(0)
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+      "}, %64, %65, p, 1, 1;\n}\n"
+      : MK_WGMMA_ACC64(0)
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
 }
-#undef MK_WGMMA_ACC32
+
 #undef MK_WGMMA_ACC64
 #undef MK_WGMMA_ACC8
 
