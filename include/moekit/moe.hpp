@@ -193,8 +193,8 @@ struct Workspace {
   Tensor status;           // [1] i32: error bits set by kernels (see check_status)
   Tensor align_scratch;    // [kAlignMaxCtas, E+1] i32: the align grid's per-CTA counts (plan.align
                            // is AlignKernel::grid; else empty)
-  Tensor gemm_counter;     // [1] i32: the prefill (wgmma) GEMMs' work-item counter: align zeroes it,
-                           // each GEMM leaves it zero (expert_up/expert_down also memset it first)
+  Tensor gemm_counter;     // [1] i32: the prefill (wgmma) GEMMs' work-item counter; each GEMM
+                           // zeroes it first (a memset on the stream)
 };
 size_t workspace_bytes(const ForwardPlan& plan);
 // Views into `base` (at least workspace_bytes(plan) bytes, 256-byte aligned).

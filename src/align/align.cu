@@ -114,7 +114,6 @@ void launch_align(AlignKernel kernel, const int32_t* topk_ids, int64_t assignmen
   p.experts = experts;
   p.block_m = block_m;
   p.expert_load = expert_load;
-  p.gemm_counter = out.gemm_counter;
   static PerDevice<GridCtas> per_device;
   const GridCtas grid = per_device.get(set_up);
   if (expert_load) launch_instance<true>(kernel, p, grid.of[1], stream);

@@ -166,17 +166,9 @@ __device__ __forceinline__ void scan_padded_starts(int32_t total, Blocks blocks,
 // and lost to the CTA kernel in-graph (Qwen3 T=64 6.3 -> 9.8 us, DeepSeek-V3 7.8 -> 10.5): the
 // rounds are one serial chain of match_any and shared-memory updates.
 
-// The wgmma GEMMs' claim counter starts every layer at zero: a claim counter left non-zero (the
-// workspace's first use, a launch that never finished) is reset here, before the GEMMs that follow
-// align on the stream, instead of by a memset node between kernels (which breaks their PDL chain).
-__device__ __forceinline__ void zero_gemm_counter(const Params& p) {
-  if (p.gemm_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.gemm_counter = 0;
-}
-
 template <bool kCountLoad>
 __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
   dev::pdl_enter();
-  zero_gemm_counter(p);
   __shared__ int32_t s_count[kMaxExperts];      // running counts, then the totals
   __shared__ int32_t s_start[kMaxExperts + 1];  // padded starts
   const int lane = dev::lane_id(), E = p.experts;
@@ -241,7 +233,6 @@ __global__ void __launch_bounds__(32) align_warp_kernel(Params p) {
 template <bool kCountLoad>
 __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   dev::pdl_enter();
-  zero_gemm_counter(p);
   extern __shared__ int32_t smem[];
   const int E = p.experts;
   int32_t* s_rows = smem;                       // [kWarps][E]
@@ -343,7 +334,6 @@ __global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
     int32_t flags = 0;
     for (int g = 0; g < G; ++g) flags |= __ldcg(p.cta_counts + int64_t(g) * (E + 1) + E);
     *p.status = flags ? kStatusExpertIdOutOfRange : 0;
-    zero_gemm_counter(p);  // here, not first: at the kernel's 64-register cap, first it spilled 4 bytes
   }
 
   // The scan of the padded totals (as the one-CTA kernel), in every CTA.

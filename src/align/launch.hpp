@@ -19,9 +19,8 @@ struct AlignOutputs {
   int32_t* status;           // [1]: kStatusExpertIdOutOfRange
   int32_t* grid_scratch;     // [kAlignMaxCtas, experts + 1]: AlignKernel::grid only
   int64_t max_blocks;
-  int32_t* gemm_counter = nullptr;  // [1]: zeroed by the kernel (Params::gemm_counter), or nullptr
 };
-// The layer's: the aligned layout in its workspace (gemm_counter left null: run_experts sets it).
+// The layer's: the aligned layout in its workspace.
 AlignOutputs align_outputs(const ForwardPlan& plan, const Workspace& ws);
 
 // T = 0 still launches: the GEMMs read num_rows_padded = 0 and block_expert = -1 from it.

@@ -27,9 +27,6 @@ struct Params {
   // [E]: the caller's load counter, or nullptr; read only by the kernels instantiated with
   // kCountLoad = true (align.cuh). Last, so the other fields keep their offsets either way.
   int64_t* expert_load;
-  // [1]: the wgmma GEMMs' claim counter (Workspace::gemm_counter), zeroed here for the layer's
-  // GEMMs after align, or nullptr.
-  int32_t* gemm_counter;
 };
 
 }  // namespace moekit::kernels::align

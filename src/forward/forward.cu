@@ -52,23 +52,16 @@ void run_experts(const ForwardPlan& plan, const void* x, const ExpertWeights& w,
   const bool fp8 = plan.precision() == Precision::fp8;
   if (fp8 && !x_quantized)
     detail::launch_quantize_tokens(x, s.tokens, s.hidden, ws.x_q.data, ws.x_scale.as<float>(), stream);
-  // align also zeroes the wgmma GEMMs' claim counter (the public align() entry does not: the stage
-  // entries expert_up and expert_down zero it themselves).
-  detail::AlignOutputs aligned = detail::align_outputs(plan, ws);
-  aligned.gemm_counter = ws.gemm_counter.as<int32_t>();
-  detail::launch_align(plan.align, topk_ids, s.tokens * s.topk, int(s.experts), plan.block_m(), aligned, expert_load,
-                       stream);
+  detail::launch_align(plan.align, topk_ids, s.tokens * s.topk, int(s.experts), plan.block_m(),
+                       detail::align_outputs(plan, ws), expert_load, stream);
   // The up -> down boundary (Params::boundary) where it was measured, both GEMMs on mma.sync in
   // an FP8 plan: the Qwen3 layer 1-4% faster at T = 2-64, DeepSeek-V3 and Mixtral T=1 1-4%, but
   // Qwen3 T=1 3.5% slower; bf16 gained nowhere (docs/perf/NOTES.md, "Decode GEMM").
   const bool boundary =
       fp8 && plan.up.kernel == GemmKernel::mma_sync && plan.down.kernel == GemmKernel::mma_sync;
-  // align zeroed ws.gemm_counter and each wgmma GEMM leaves it zero (sm90/scheduler.cuh,
-  // claim_item): no memset node between align, up and down, whose PDL chain then holds.
   detail::launch_expert_up(plan, fp8 ? ws.x_q.data : x, w.w13.data, ws, stream, w.w13_scale.as<const float>(), h,
-                           boundary, /*counter_zeroed=*/true);
-  detail::launch_expert_down(plan, w.w2.data, topk_weights, ws, stream, w.w2_scale.as<const float>(), boundary,
-                             /*counter_zeroed=*/true);
+                           boundary);
+  detail::launch_expert_down(plan, w.w2.data, topk_weights, ws, stream, w.w2_scale.as<const float>(), boundary);
   if (plan.down_splits > 1)
     detail::launch_combine_partials(ws.y_partials.as<const float>(), plan.down_splits, y, s.tokens, s.hidden,
                                     int(s.topk), stream);

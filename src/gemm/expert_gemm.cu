@@ -37,10 +37,9 @@ void in_units(Params& p) {
   p.b_expert_stride /= 2;
 }
 
-void launch(Mode mode, const ForwardPlan& plan, const GemmConfig& c, const Params& p, cudaStream_t stream,
-            bool counter_zeroed) {
+void launch(Mode mode, const ForwardPlan& plan, const GemmConfig& c, const Params& p, cudaStream_t stream) {
   if (c.kernel == GemmKernel::wgmma)
-    launch_sm90_expert_gemm(mode, p, plan, stream, c.block_n, counter_zeroed);
+    launch_sm90_expert_gemm(mode, p, plan, stream, c.block_n);
   else
     launch_mma_sync_gemm(mode, c, p, plan.max_blocks(), stream);
 }
@@ -48,7 +47,7 @@ void launch(Mode mode, const ForwardPlan& plan, const GemmConfig& c, const Param
 }  // namespace
 
 void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, const Workspace& ws,
-                      cudaStream_t stream, const float* w13_scale, void* h, bool boundary, bool counter_zeroed) {
+                      cudaStream_t stream, const float* w13_scale, void* h, bool boundary) {
   const MoeShape& s = plan.shape;
   if (s.tokens == 0) return;
   Params p = routing_params(plan, ws);
@@ -69,12 +68,12 @@ void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, c
   if (plan.save_h) p.h_out = static_cast<__nv_bfloat16*>(h);  // bf16 plans only (expect_plan)
   p.boundary = boundary;
   nvtxRangePushA("moekit.expert_up");
-  launch(plan.save_h ? Mode::UpSaveH : Mode::Up, plan, plan.up, p, stream, counter_zeroed);
+  launch(plan.save_h ? Mode::UpSaveH : Mode::Up, plan, plan.up, p, stream);
   nvtxRangePop();
 }
 
 void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,
-                        cudaStream_t stream, const float* w2_scale, bool boundary, bool counter_zeroed) {
+                        cudaStream_t stream, const float* w2_scale, bool boundary) {
   const MoeShape& s = plan.shape;
   if (s.tokens == 0) return;
   Params p = routing_params(plan, ws);
@@ -97,7 +96,7 @@ void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* to
     p.b_scale_expert_stride = fp8_blocks(s.hidden) * fp8_blocks(s.inter);
   }
   nvtxRangePushA("moekit.expert_down");
-  launch(Mode::Down, plan, plan.down, p, stream, counter_zeroed);
+  launch(Mode::Down, plan, plan.down, p, stream);
   nvtxRangePop();
 }
 

@@ -18,29 +18,25 @@ namespace moekit::detail {
 // plan.save_h: h [max_rows, 2F] gets g | u of each sorted row too.
 // boundary (Params::boundary): the next launch on the stream is this layer's launch_expert_down
 // with boundary; the up GEMM then lets it launch late, when its own loads are all issued.
-// counter_zeroed: ws.gemm_counter is zero when the GEMM starts (the layer's align zeroed it and
-// every wgmma GEMM leaves it zero), so a wgmma GEMM goes without its memset (launch_sm90_expert_gemm).
 void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, const Workspace& ws,
                       cudaStream_t stream, const float* w13_scale = nullptr, void* h = nullptr,
-                      bool boundary = false, bool counter_zeroed = false);
+                      bool boundary = false);
 // y_rows (or y_partials) = topk_weights · act·W2ᵀ for every sorted row of ws, with plan.down.
 // fp8 plans: act e4m3 with ws.act_scale, w2 e4m3 with w2_scale.
 // boundary (Params::boundary) is a precondition the launcher cannot check: the previous launch on
 // the stream is launch_expert_up of the same plan and ws (with boundary), so the routing is final
 // when down starts, before its PDL wait, and reads it to prefetch its first weight rows.
 void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,
-                        cudaStream_t stream, const float* w2_scale = nullptr, bool boundary = false,
-                        bool counter_zeroed = false);
+                        cudaStream_t stream, const float* w2_scale = nullptr, bool boundary = false);
 
 // The two families, for `p` filled from a plan (p.n_tiles and p.k_tiles_per_split are set here).
 // mma.sync (src/gemm/mma_sync): any compiled mma_sync config, split-K allowed.
 void launch_mma_sync_gemm(kernels::gemm::Mode mode, const GemmConfig& config, const kernels::gemm::Params& p,
                           int64_t max_blocks, cudaStream_t stream);
 // wgmma + TMA (src/gemm/sm90): plan.block_m() 128, a compiled block_n, no split-K; `plan` gives E
-// (the weights' 4-D TMA view) and max_blocks (the grid bound). counter_zeroed: p.tile_counter is
-// zero already (else a memset zeroes it first).
+// (the weights' 4-D TMA view) and max_blocks (the grid bound).
 void launch_sm90_expert_gemm(kernels::gemm::Mode mode, const kernels::gemm::Params& p, const ForwardPlan& plan,
-                             cudaStream_t stream, int block_n, bool counter_zeroed = false);
+                             cudaStream_t stream, int block_n);
 // The backward's GEMMs on the same kernel (Mode::Dx, DGrad, UpH): 128 x 256 tiles, 4 stages, over a
 // layout of block_m 128 with max_blocks blocks, B the `experts` experts' weights (Dx, DGrad:
 // N-major TMA view; UpH: Up's).

@@ -91,11 +91,8 @@ int64_t persistent_sms() {
   });
 }
 
-// counter_zeroed: the claim counter is known to be zero already (align zeroed it, or the previous
-// GEMM of the layer left it so: scheduler.cuh, claim_item), so no memset node goes before the launch.
 template <Mode M, int BN, int ST, bool FP8>
-void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_blocks, cudaStream_t stream,
-                     bool counter_zeroed = false) {
+void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_blocks, cudaStream_t stream) {
   using Cfg = sm90::Config<BN, ST, FP8>;
   constexpr auto kernel = sm90::sm90_expert_gemm_kernel<M, BN, ST, FP8>;
   const int64_t sms = persistent_sms<Cfg, kernel>();
@@ -103,8 +100,8 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
   const int64_t cols = kernels::gemm::cols_per_tile(M, BN);
   p.n_tiles = (p.n_dim + cols - 1) / cols;
   const int64_t grid = std::max<int64_t>(1, std::min(sms, max_blocks * p.n_tiles));
-  // The claim counter starts at zero every launch: else a memset node in a graph, no host work.
-  if (!counter_zeroed) MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
+  // The claim counter starts at zero every launch: a memset node in a graph, no host work.
+  MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
   launch_pdl("sm90_expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
              b_map);
 }
@@ -112,19 +109,17 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
 // The forward's modes of one config: Up, Down, and (bf16) the training forward's UpSaveH.
 template <int BN, int ST, bool FP8>
 void launch_forward_instance(Mode mode, const Params& p, const CUtensorMap& b_map, int64_t max_blocks,
-                             cudaStream_t stream, bool counter_zeroed) {
-  if (mode == Mode::Up) return launch_instance<Mode::Up, BN, ST, FP8>(p, b_map, max_blocks, stream, counter_zeroed);
-  if (mode == Mode::Down) return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream, counter_zeroed);
+                             cudaStream_t stream) {
+  if (mode == Mode::Up) return launch_instance<Mode::Up, BN, ST, FP8>(p, b_map, max_blocks, stream);
+  if (mode == Mode::Down) return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream);
   if constexpr (!FP8)
-    if (mode == Mode::UpSaveH)
-      return launch_instance<Mode::UpSaveH, BN, ST, FP8>(p, b_map, max_blocks, stream, counter_zeroed);
+    if (mode == Mode::UpSaveH) return launch_instance<Mode::UpSaveH, BN, ST, FP8>(p, b_map, max_blocks, stream);
   fail("expert_gemm", "plan", "the forward's wgmma GEMMs are Up, Down and (bf16) UpSaveH");
 }
 
 }  // namespace
 
-void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan, cudaStream_t stream, int block_n,
-                             bool counter_zeroed) {
+void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan, cudaStream_t stream, int block_n) {
   if (plan.max_blocks() == 0) return;
 
   // FP8 rows are 2-byte units to TMA as to the kernel (gemm/params.hpp): the same box, the same bytes.
@@ -132,7 +127,7 @@ void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan
   const bool fp8 = plan.precision() == Precision::fp8;
 #define MK_SM90_DISPATCH(bn, st, is_fp8)                                                    \
   if (block_n == bn && fp8 == is_fp8) {                                                     \
-    launch_forward_instance<bn, st, is_fp8>(mode, p, b_map, plan.max_blocks(), stream, counter_zeroed); \
+    launch_forward_instance<bn, st, is_fp8>(mode, p, b_map, plan.max_blocks(), stream);     \
     return;                                                                                 \
   }
 #define MK_SM90_BF16(bn, st) MK_SM90_DISPATCH(bn, st, false)

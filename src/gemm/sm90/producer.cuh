@@ -128,7 +128,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
     }
     // The next claim once this tile's loads are issued: its round trip (and the publisher's read
     // of two ids) overlaps the consumers' last stages.
-    if (tma_thread) next = claim_item(p.tile_counter, items);
+    if (tma_thread) next = claim_item(p.tile_counter);
   }
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
 }

@@ -3,7 +3,7 @@
 //
 // Work of the whole grid: (used blocks) x (column tiles), the block count read on the device
 // (num_rows_padded). CTA c starts with item c, then takes the next unclaimed one from
-// p.tile_counter, which is zero when a launch starts and zero again when it ends (claim_item). Items that share a B tile (the blocks of one expert) or
+// p.tile_counter (zeroed by the launcher). Items that share a B tile (the blocks of one expert) or
 // an A block (its column tiles) are neighbours in item order (gemm/item_order.hpp), so with claims
 // they start within a few microseconds of each other and the second reader finds the bytes in L2.
 // Dealt round-robin, the CTAs drifted apart over the waves and re-read most B tiles from DRAM
@@ -72,16 +72,8 @@ __device__ __forceinline__ void publish_item(const Params& p, const Smem<Cfg>& s
   post_item(sm, ring, item, live);
 }
 
-// The next unclaimed item, for the claiming thread (its first item is blockIdx.x). A CTA claims
-// once after each item it takes, so a launch makes exactly `items` claims: the one that finds
-// items - 1 is the launch's last atomic on the counter and sets it back to zero. The next GEMM on
-// the stream claims only after its PDL wait (this grid complete), so it finds zero with no memset
-// between them, and the PDL overlap of the two launches holds.
-__device__ __forceinline__ int32_t claim_item(int32_t* tile_counter, int32_t items) {
-  const int32_t old = atomicAdd(tile_counter, 1);
-  if (old == items - 1) atomicExch(tile_counter, 0);
-  return int32_t(gridDim.x) + old;
-}
+// The next unclaimed item, for the claiming thread (its first item is blockIdx.x).
+__device__ __forceinline__ int32_t claim_item(int32_t* tile_counter) { return int32_t(gridDim.x) + atomicAdd(tile_counter, 1); }
 
 // Called by all 32 lanes of a warp: the next item. Every lane reads the slot, then a __syncwarp
 // orders those reads before lane 0's arrival on item_empty (which lets the publisher overwrite it).

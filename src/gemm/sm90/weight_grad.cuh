@@ -116,7 +116,7 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
     if (t == 0) post_item(sm, ring, next, 3);  // both warpgroups take every item (see consume_weight_grad)
     const int32_t item = take_item<Cfg, true>(sm, ring, lane).item;
     if (item >= items) break;
-    if (t == 0) next = claim_item(p.tile_counter, items);  // claimed now: its latency hides under the item
+    if (t == 0) next = claim_item(p.tile_counter);  // claimed now: its latency hides under the item
     const WeightGradItem w = weight_grad_item(p, item);
     const KRange k = k_range(p, w);
     // Lane l's ids of the stage's K rows l and 32 + l, loaded one stage ahead (their latency hides
