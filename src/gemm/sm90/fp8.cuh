@@ -41,38 +41,40 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
   }
 #pragma unroll
   for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
-  // COUNTER-EXPERIMENT (wrong sums: no promotion, scales ignored): the bf16 mainloop's shape,
-  // 4 x m64n256k32 a stage, one group in flight while the previous stage is released.
-  uint32_t prev_stage = 0;
+  float part[kHalfAccs];
   for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
     const uint32_t stage = pipe.stage;
     ptx::mbar_wait(sm.full(stage), pipe.phase);
     __syncwarp();
-    ptx::fence_proxy_async_smem();
+    ptx::fence_proxy_async_smem();  // A rows landed through cp.async; wgmma reads them asynchronously
+    const uint32_t sc = sm.scales(stage);
+    const float sa[2] = {ptx::ld_shared_f32(sc + uint32_t(rows[0]) * 4), ptx::ld_shared_f32(sc + uint32_t(rows[1]) * 4)};
+    const float sb[2] = {ptx::ld_shared_f32(sc + Cfg::kScaleB * 4), ptx::ld_shared_f32(sc + (Cfg::kScaleB + 1) * 4)};
     const uint64_t desc_a = desc_advance(desc_a0, stage * Cfg::kABytes);
     const uint64_t desc_b = desc_advance(desc_b0, stage * Cfg::kBBytes);
-    ptx::fence_operands(acc);
-    ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk)
-      ptx::wgmma_m64n256k32_e4m3(acc, desc_advance(desc_a, uint32_t(kk * 32)), desc_advance(desc_b, uint32_t(kk * 32)),
-                                 kt > 0 || kk > 0);
-    ptx::wgmma_commit();
-    if (kt > 0) {
-      ptx::wgmma_wait<1>();
-      ptx::fence_operands(acc);
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
-    } else {
-      after_first_step();
+    for (int half = 0; half < 2; ++half) {
+      ptx::fence_operands(part);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
+        const uint32_t k_bytes = uint32_t(kk * 32);  // 32 e4m3 per wgmma along the 128-byte row
+        ptx::wgmma_m64n128k32_e4m3(part, desc_advance(desc_a, k_bytes),
+                                   desc_advance(desc_b, half * kHalfBBytes + k_bytes), kk > 0);
+      }
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(part);
+      if (half == 1) {  // both halves read the stage
+        __syncwarp();     // every lane's scale loads of the stage before lane 0 releases it
+        if (lane == 0) ptx::mbar_arrive(sm.empty(stage));
+      }
+      const float s0 = sa[0] * sb[half], s1 = sa[1] * sb[half];
+#pragma unroll
+      for (int v = 0; v < kHalfAccs; ++v) acc[half * kHalfAccs + v] += part[v] * ((v & 2) ? s1 : s0);
     }
-    prev_stage = stage;
+    if (kt == 0) after_first_step();
   }
-  ptx::wgmma_wait<0>();
-  ptx::fence_operands(acc);
-  __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
-  (void)rows;
 }
 
 // Up, FP8: act = silu(g)·u in FP32; the tile's 128 act columns are one quantization group per
