@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from . import __version__
 from . import _moekit as _C
 from ._baseline import Timer, grouped_mm_experts, make_weights, row_cells, torch_route  # noqa: F401 (re-exported)
-from .presets import PRESETS, Preset
+from .presets import LAYERS, MODELS, PRESETS, Preset
 from .reference import experts_reference, rel_norm_error, routing_matches
 from .torch import fused_experts, fused_moe, route
 from .bench_train import GRAD_BOUND, TRAIN_HEADER, bench_train_preset
@@ -119,7 +119,8 @@ def print_row(r: dict, graph: bool):
 
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m moekit.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--presets", default=",".join(PRESETS), help="comma-separated: " + ", ".join(PRESETS))
+    ap.add_argument("--presets", default=",".join(PRESETS),
+                    help="comma-separated: " + ", ".join(PRESETS) + "; or models beyond them: " + ", ".join(MODELS))
     ap.add_argument("--tokens", default="1,16,256,4096", help="comma-separated token counts T")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
@@ -135,8 +136,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--tokens: expected comma-separated integers, got {args.tokens!r}")
     names = [n for n in args.presets.split(",") if n]
     for n in names:
-        if n not in PRESETS:
-            ap.error(f"--presets: unknown preset {n!r}; expected one of {', '.join(PRESETS)}")
+        if n not in LAYERS:
+            ap.error(f"--presets: unknown preset {n!r}; expected one of {', '.join(LAYERS)}")
     if not torch.cuda.is_available() or _C.device_count() == 0:
         print("moekit.bench: no CUDA GPU: the benchmark needs an NVIDIA Hopper GPU (sm_90a)", file=sys.stderr)
         return 2
@@ -153,7 +154,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     timer = Timer(device, args.warmup, args.iters)
     rows = []
     for n in names:
-        rows += bench_fn(PRESETS[n], tokens, timer, graph, args.seed, device)
+        rows += bench_fn(LAYERS[n], tokens, timer, graph, args.seed, device)
         torch.cuda.empty_cache()  # the preset's weights are gone: give their memory back
     failed = [r for r in rows if "failed" in r]
     if args.json:

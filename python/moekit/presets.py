@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Preset", "PRESETS"]
+__all__ = ["Preset", "PRESETS", "MODELS", "LAYERS"]
 
 
 @dataclass(frozen=True)
@@ -37,3 +37,23 @@ PRESETS = {
                score_bias=True),
     )
 }
+
+# Public MoE layers beyond the presets, never tuned (the planner's heuristic plans them): the same
+# list as `moekit bench --preset` (tools/moekit/presets.hpp, model_names), shapes and routing from
+# each model's config.json. Between them E not a power of two, H not a multiple of 128, F not a
+# multiple of 256, and k = 1, 2, 4, 6, 8 (docs/design.md, "Models beyond the presets").
+MODELS = {
+    p.name: p
+    for p in (
+        Preset("olmoe-1b-7b", 2048, 1024, 64, 8, dict(renormalize=False, scoring_func="softmax")),
+        Preset("qwen1.5-moe-a2.7b", 2048, 1408, 60, 4, dict(renormalize=False, scoring_func="softmax")),
+        Preset("deepseek-v2-lite", 2048, 1408, 64, 6, dict(renormalize=False, scoring_func="softmax")),
+        Preset("granite-3.0-3b-a800m", 1536, 512, 40, 8, dict(renormalize=True, scoring_func="softmax")),
+        Preset("llama4-scout", 5120, 8192, 16, 1, dict(renormalize=False, scoring_func="sigmoid")),
+        Preset("mixtral-8x22b", 6144, 16384, 8, 2, dict(renormalize=True, scoring_func="softmax")),
+        # its GEMM shapes and top-4 softmax; not its clamped SwiGLU, its expert biases or router bias
+        Preset("gpt-oss-20b", 2880, 2880, 32, 4, dict(renormalize=True, scoring_func="softmax")),
+    )
+}
+
+LAYERS = {**PRESETS, **MODELS}

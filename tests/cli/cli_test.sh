@@ -40,7 +40,7 @@ expect 3 "--n-group: must divide E = 8" bench --n-group 3 --topk-group 1
 expect 3 "--topk-group: must be in \[1, n_group = 8\], got 9" bench --preset deepseek-v3 --topk-group 9
 expect 3 "--tokens 300000000: .*'shape.tokens'.*32-bit sorted_ids" bench --preset deepseek-v3 --tokens 1,300000000
 expect 3 "--hidden: H must be a positive multiple of 8" tune --hidden 100
-expect 3 "--preset: unknown preset 'nope'" bench --preset nope
+expect 3 "--preset: unknown preset 'nope'; expected one of mixtral-8x7b, .*, gpt-oss-20b" bench --preset nope
 # bench --backward is bf16 and one GPU: the other modes' flags are refused by name.
 expect 3 "^moekit: error: --backward: the backward is bf16 only.*drop --dtype fp8" bench --backward --dtype fp8
 expect 3 "^moekit: error: --backward: .*drop --ep" bench --backward --ep 2
@@ -75,6 +75,10 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 else
   expect 2 "^moekit check: no Hopper GPU .*moekit check --cpu" check
   expect 2 "^moekit bench --backward needs an NVIDIA Hopper GPU" bench --backward --preset qwen3-30b-a3b
+  # The models beyond the presets are layers the options accept (fp8 too): the GPU is the only refusal.
+  for model in olmoe-1b-7b qwen1.5-moe-a2.7b deepseek-v2-lite granite-3.0-3b-a800m llama4-scout mixtral-8x22b gpt-oss-20b; do
+    expect 2 "^moekit bench needs an NVIDIA Hopper GPU" bench --preset "$model" --dtype fp8 --tokens 1,16384
+  done
   lines=$("$MOEKIT" check 2>&1 | wc -l)
   [ "$lines" = 1 ] || { echo "FAIL: moekit check without a GPU printed $lines lines, expected 1"; fails=$((fails + 1)); }
 fi

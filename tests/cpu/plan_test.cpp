@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "common/validate.hpp"
 #include "cpu_test_util.hpp"
+#include "moekit/tuning.hpp"
 #include "tuning/planner.hpp"
 
 namespace moekit::testing {
@@ -58,6 +60,38 @@ TEST(Plan, BlockMFollowsRowsPerExpertForThePresets) {
   EXPECT_EQ(plan_forward(shape_of(mixtral, 48), kH200).block_m(), 16);
   EXPECT_EQ(plan_forward(shape_of(mixtral, 49), kH200).block_m(), 128);
   EXPECT_EQ(plan_forward(shape_of(mixtral, 49), kH200).up.kernel, GemmKernel::wgmma);
+}
+
+// The models beyond the presets (issue: any model shape, with no table entry) at every T of the
+// sweep, 2^0 .. 2^14, in both precisions: on the H200's own name, so a table entry would be found
+// if there were one (the presets' are: the check that the lookup is live), the plan comes from the
+// heuristic, fits the device and sizes a workspace; the models cover E not a power of two, H not a
+// multiple of 128, F not a multiple of 256 and k = 1 .. 8.
+TEST(Plan, ModelsBeyondThePresetsArePlannedByTheHeuristicAtEveryT) {
+  DeviceInfo h200 = kH200;
+  h200.name = "NVIDIA H200";
+  EXPECT_EQ(plan_forward(shape_of(kPresets[0], 4096), h200).source.rfind("table:", 0), 0u);
+  bool e_not_pow2 = false, h_not_128 = false, f_not_256 = false;
+  std::set<int64_t> ks;
+  for (const Preset& m : kModels) {
+    e_not_pow2 |= (m.E & (m.E - 1)) != 0;
+    h_not_128 |= m.H % 128 != 0;
+    f_not_256 |= m.F % 256 != 0;
+    ks.insert(m.k);
+    for (const Precision precision : {Precision::bf16, Precision::fp8})
+      for (int64_t T = 1; T <= 16384; T *= 2) {
+        SCOPED_TRACE(::testing::Message() << m.name << " T=" << T << (precision == Precision::fp8 ? " fp8" : " bf16"));
+        const ForwardPlan plan = plan_forward(shape_of(m, T), h200, precision);
+        EXPECT_EQ(plan.source, "heuristic");
+        EXPECT_EQ(plan.precision(), precision);
+        EXPECT_EQ(plan.block_m(), expected_block_m(T, m.k, m.E));
+        EXPECT_LE(tuning::gemm_smem_bytes(plan.up), h200.smem_per_block_optin);
+        EXPECT_LE(tuning::gemm_smem_bytes(plan.down), h200.smem_per_block_optin);
+        EXPECT_GT(workspace_bytes(plan), size_t(0));
+      }
+  }
+  EXPECT_TRUE(e_not_pow2 && h_not_128 && f_not_256);
+  EXPECT_EQ(ks, (std::set<int64_t>{1, 2, 4, 6, 8}));
 }
 
 TEST(Plan, MaxRowsByHand) {

@@ -29,9 +29,10 @@ using moekit::cli::LayerArgs;
 using moekit::cli::whole_number;
 
 std::string preset_list() {
-  std::string s;
+  std::string s, m;
   for (const std::string& n : moekit::cli::preset_names()) s += (s.empty() ? "" : "|") + n;
-  return s;
+  for (const std::string& n : moekit::cli::model_names()) m += (m.empty() ? "" : "|") + n;
+  return s + " (tuned), or a public model with no table entry: " + m;
 }
 
 void add_layer_options(CLI::App* cmd, LayerArgs& a, bool full) {

@@ -36,8 +36,20 @@ struct LayerSpec {
   }
 };
 
+// The three tuned layers: configs/<device>.json has their measured plans.
 inline const std::vector<std::string>& preset_names() {
   static const std::vector<std::string> names = {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"};
+  return names;
+}
+
+// Public MoE layers beyond the presets, never tuned: the planner's heuristic plans them (no table
+// entry), which is what they measure. Between them: E not a power of two (60, 40), H not a
+// multiple of 128 (2880), F not a multiple of 256 (1408, 2880), k = 1, 2, 4, 6, 8. Shapes and
+// routing from each model's config.json (docs/design.md, "Models beyond the presets").
+inline const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names = {"olmoe-1b-7b",        "qwen1.5-moe-a2.7b", "deepseek-v2-lite",
+                                                 "granite-3.0-3b-a800m", "llama4-scout",      "mixtral-8x22b",
+                                                 "gpt-oss-20b"};
   return names;
 }
 
@@ -56,9 +68,29 @@ inline LayerSpec preset_spec(const std::string& name) {
     s.router.topk_group = 4;
     s.router.routed_scaling_factor = 2.5f;
     s.score_bias = true;
+  } else if (name == "olmoe-1b-7b") {  // softmax over 64, the top 8 not renormalised
+    s.shape = MoeShape{0, 2048, 1024, 64, 8};
+    s.router.renormalize = false;
+  } else if (name == "qwen1.5-moe-a2.7b") {  // the routed experts (its shared expert is a dense MLP)
+    s.shape = MoeShape{0, 2048, 1408, 60, 4};
+    s.router.renormalize = false;
+  } else if (name == "deepseek-v2-lite") {  // softmax, greedy top 6, not renormalised
+    s.shape = MoeShape{0, 2048, 1408, 64, 6};
+    s.router.renormalize = false;
+  } else if (name == "granite-3.0-3b-a800m") {  // softmax of the top 8 logits = softmax, renormalised
+    s.shape = MoeShape{0, 1536, 512, 40, 8};
+  } else if (name == "llama4-scout") {  // top 1 by logit, weight sigmoid(logit)
+    s.shape = MoeShape{0, 5120, 8192, 16, 1};
+    s.router.scoring = Scoring::sigmoid;
+    s.router.renormalize = false;
+  } else if (name == "mixtral-8x22b") {
+    s.shape = MoeShape{0, 6144, 16384, 8, 2};
+  } else if (name == "gpt-oss-20b") {  // its GEMM shapes and top-4 softmax; not its clamped SwiGLU,
+    s.shape = MoeShape{0, 2880, 2880, 32, 4};  // its expert biases or its router's bias
   } else {
     std::string known;
     for (const std::string& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
+    for (const std::string& n : model_names()) known += ", " + n;
     throw UsageError("--preset: unknown preset '" + name + "'; expected one of " + known);
   }
   return s;
