@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "common/async_copy.cuh"
 #include "gemm/common.cuh"
@@ -71,44 +70,32 @@ struct Mainloop {
   }
 
   // acc += A·Bᵀ over K-steps [KK0, KK1) of the K-tile in `slot` (16 units each: an FP8 K-tile of
-  // two scale blocks is summed one block at a time). bf16 unrolls them all. e4m3 two at a time: on
-  // sm_90 its fragments are held twice (unpacked to f16 for the HMMA that runs them), and a K-tile
-  // unrolled whole took the FP8 kernels to 234-255 registers, two steps at a time to 150-184
-  // (docs/perf/NOTES.md, "Known gaps").
+  // two scale blocks is summed one block at a time).
   template <int KK0, int KK1>
   __device__ __forceinline__ void k_steps(const __nv_bfloat16* smem, int slot, const WarpTile<M, Cfg>& w) {
     const __nv_bfloat16* sa = smem + slot * Cfg::kStageElems;
     const __nv_bfloat16* sb = sa + BM * BK;
-    if constexpr (std::is_same_v<Mma, MmaE4m3>) {
-#pragma unroll 2
-      for (int kk = KK0; kk < KK1; ++kk) k_step(sa, sb, kk, w);
-    } else {
 #pragma unroll
-      for (int kk = KK0; kk < KK1; ++kk) k_step(sa, sb, kk, w);
+    for (int kk = KK0; kk < KK1; ++kk) {
+      uint32_t af[MI][4];
+#pragma unroll
+      for (int i = 0; i < MI; ++i) {
+        const int r = w.wm * Cfg::TM + i * 16 + (w.lane & 15);
+        dev::ldmatrix_x4(af[i], smem_addr(sa + swz<BK>(r, kk * 2 + (w.lane >> 4))));
+      }
+      uint32_t bf[NI][2];
+#pragma unroll
+      for (int f = 0; f < NI; f += 2) {  // one x4: matrices 0,1 of fragment f; 2,3 of f+1
+        const int r = w.b_frag_row(f + (w.lane >> 4)) + (w.lane & 7);
+        uint32_t t[4];
+        dev::ldmatrix_x4(t, smem_addr(sb + swz<BK>(r, kk * 2 + ((w.lane >> 3) & 1))));
+        bf[f][0] = t[0], bf[f][1] = t[1], bf[f + 1][0] = t[2], bf[f + 1][1] = t[3];
+      }
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int f = 0; f < NI; ++f) Mma::apply(acc[i][f], af[i], bf[f][0], bf[f][1]);
     }
-  }
-
-  // acc += A·Bᵀ over K-step kk (16 units) of the slot whose A and B start at sa and sb.
-  __device__ __forceinline__ void k_step(const __nv_bfloat16* sa, const __nv_bfloat16* sb, int kk,
-                                         const WarpTile<M, Cfg>& w) {
-    uint32_t af[MI][4];
-#pragma unroll
-    for (int i = 0; i < MI; ++i) {
-      const int r = w.wm * Cfg::TM + i * 16 + (w.lane & 15);
-      dev::ldmatrix_x4(af[i], smem_addr(sa + swz<BK>(r, kk * 2 + (w.lane >> 4))));
-    }
-    uint32_t bf[NI][2];
-#pragma unroll
-    for (int f = 0; f < NI; f += 2) {  // one x4: matrices 0,1 of fragment f; 2,3 of f+1
-      const int r = w.b_frag_row(f + (w.lane >> 4)) + (w.lane & 7);
-      uint32_t t[4];
-      dev::ldmatrix_x4(t, smem_addr(sb + swz<BK>(r, kk * 2 + ((w.lane >> 3) & 1))));
-      bf[f][0] = t[0], bf[f][1] = t[1], bf[f + 1][0] = t[2], bf[f + 1][1] = t[3];
-    }
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-      for (int f = 0; f < NI; ++f) Mma::apply(acc[i][f], af[i], bf[f][0], bf[f][1]);
   }
 };
 
