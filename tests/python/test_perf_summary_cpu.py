@@ -1,0 +1,47 @@
+"""scripts/perf-summary on the run of record (docs/perf/latest/bench-*.json), on the CPU: the
+x_roof table has a row per file and a column per T, its cells are the JSON's own x_roof (experts
+and the layer as a CUDA graph), a value above issue 19's bounds is marked, and the default table
+runs on files without cuBLAS baselines (the fp8 ones)."""
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "perf-summary"
+FILES = sorted((ROOT / "docs" / "perf" / "latest").glob("bench-*-*.json"))
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, check=True).stdout
+
+
+def test_x_roof_table_is_the_json_x_roof():
+    files = [f for f in FILES if f.name.endswith(("-bf16.json", "-fp8.json"))]
+    assert files
+    out = run("--x-roof", *files)
+    rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| preset")
+            and not line.startswith("| ---")]
+    assert len(rows) == len(files)
+    docs = [json.load(open(f)) for f in files]
+    tokens = sorted({r["tokens"] for d in docs for r in d["rows"]})  # the columns: every file's T
+    for d, line in zip(docs, rows):
+        by = {(r["tokens"], r["stage"]): r for r in d["rows"] if r["impl"] == "moekit"}
+        cells = [c.strip() for c in line.strip("|").split("|")][2:-1]
+        assert len(cells) == len(tokens)
+        for t, cell in zip(tokens, cells):
+            if (t, "experts") not in by:
+                assert cell == "—"
+                continue
+            a, b = (float(re.sub(r"\*$", "", x.strip())) for x in cell.split("/"))
+            assert abs(a - by[(t, "experts")]["x_roof"]) < 0.006 and abs(b - by[(t, "layer-graph")]["x_roof"]) < 0.006
+            assert ("*" in cell.split("/")[0]) == (by[(t, "experts")]["x_roof"] > 1.15)
+            assert ("*" in cell.split("/")[1]) == (by[(t, "layer-graph")]["x_roof"] > 1.20)
+    assert re.search(r"^(\d+) value\(s\) above the bounds$", out, re.M)
+
+
+def test_default_table_runs_on_every_file():
+    for f in FILES:
+        if f.name.endswith(("-bf16.json", "-fp8.json")):
+            assert "| preset | T | experts ms" in run(f)
