@@ -88,6 +88,11 @@ TEST(Plan, ModelsBeyondThePresetsArePlannedByTheHeuristicAtEveryT) {
         EXPECT_LE(tuning::gemm_smem_bytes(plan.up), h200.smem_per_block_optin);
         EXPECT_LE(tuning::gemm_smem_bytes(plan.down), h200.smem_per_block_optin);
         EXPECT_GT(workspace_bytes(plan), size_t(0));
+        // What `moekit tune` would time for the model: candidates exist, and each plans.
+        const std::vector<tuning::TileChoice> cands = tuning::tune_candidates(shape_of(m, T), h200, precision);
+        EXPECT_FALSE(cands.empty());
+        for (const tuning::TileChoice& c : cands)
+          EXPECT_NO_THROW(tuning::plan_with(shape_of(m, T), c.up, c.down, c.down_splits, h200.smem_per_block_optin));
       }
   }
   EXPECT_TRUE(e_not_pow2 && h_not_128 && f_not_256);
