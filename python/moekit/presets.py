@@ -39,7 +39,7 @@ PRESETS = {
 }
 
 # Public MoE layers beyond the presets, never tuned (the planner's heuristic plans them): the same
-# list as `moekit bench --preset` (tools/moekit/presets.hpp, model_names), shapes and routing from
+# list as `moekit bench --preset` (tools/moekit/presets.hpp, known_layers), shapes and routing from
 # each model's config.json. Between them E not a power of two, H not a multiple of 128, F not a
 # multiple of 256, and k = 1, 2, 4, 6, 8 (docs/design.md, "Models beyond the presets").
 MODELS = {

@@ -75,9 +75,12 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 else
   expect 2 "^moekit check: no Hopper GPU .*moekit check --cpu" check
   expect 2 "^moekit bench --backward needs an NVIDIA Hopper GPU" bench --backward --preset qwen3-30b-a3b
-  # The models beyond the presets are layers the options accept (fp8 too): the GPU is the only refusal.
-  for model in olmoe-1b-7b qwen1.5-moe-a2.7b deepseek-v2-lite granite-3.0-3b-a800m llama4-scout mixtral-8x22b gpt-oss-20b; do
-    expect 2 "^moekit bench needs an NVIDIA Hopper GPU" bench --preset "$model" --dtype fp8 --tokens 1,16384
+  # Every layer --preset names (its list from the tool's own refusal of an unknown one), the models
+  # beyond the presets among them, is one the options accept (fp8 too): the GPU is the only refusal.
+  layers=$("$MOEKIT" bench --preset nope 2>&1 | sed -n "s/.*expected one of //p" | tr -d ',')
+  [ -n "$layers" ] || { echo "FAIL: no layer list in moekit bench --preset nope"; fails=$((fails + 1)); }
+  for layer in $layers; do
+    expect 2 "^moekit bench needs an NVIDIA Hopper GPU" bench --preset "$layer" --dtype fp8 --tokens 1,16384
   done
   lines=$("$MOEKIT" check 2>&1 | wc -l)
   [ "$lines" = 1 ] || { echo "FAIL: moekit check without a GPU printed $lines lines, expected 1"; fails=$((fails + 1)); }

@@ -66,12 +66,6 @@ inline constexpr Preset kPresets[] = {{"mixtral-8x7b", 4096, 14336, 8, 2},
                                       {"qwen3-30b-a3b", 2048, 768, 128, 8},
                                       {"deepseek-v3", 7168, 2048, 256, 8}};
 inline MoeShape shape_of(const Preset& p, int64_t T) { return MoeShape{T, p.H, p.F, p.E, p.k}; }
-// The public models beyond the presets that `moekit bench --preset` knows (tools/moekit/presets.hpp,
-// model_names): never tuned, so planned by the heuristic.
-inline constexpr Preset kModels[] = {{"olmoe-1b-7b", 2048, 1024, 64, 8},         {"qwen1.5-moe-a2.7b", 2048, 1408, 60, 4},
-                                     {"deepseek-v2-lite", 2048, 1408, 64, 6},    {"granite-3.0-3b-a800m", 1536, 512, 40, 8},
-                                     {"llama4-scout", 5120, 8192, 16, 1},        {"mixtral-8x22b", 6144, 16384, 8, 2},
-                                     {"gpt-oss-20b", 2880, 2880, 32, 4}};
 
 // ---- fake device pointers -------------------------------------------------------------------
 // Distinct, 256-byte aligned, non-null, never dereferenced: validation throws first.

@@ -9,6 +9,7 @@
 
 #include "common/validate.hpp"
 #include "cpu_test_util.hpp"
+#include "moekit/presets.hpp"  // tools/: the layers `moekit bench --preset` knows
 #include "moekit/tuning.hpp"
 #include "tuning/planner.hpp"
 
@@ -73,26 +74,29 @@ TEST(Plan, ModelsBeyondThePresetsArePlannedByTheHeuristicAtEveryT) {
   EXPECT_EQ(plan_forward(shape_of(kPresets[0], 4096), h200).source.rfind("table:", 0), 0u);
   bool e_not_pow2 = false, h_not_128 = false, f_not_256 = false;
   std::set<int64_t> ks;
-  for (const Preset& m : kModels) {
-    e_not_pow2 |= (m.E & (m.E - 1)) != 0;
-    h_not_128 |= m.H % 128 != 0;
-    f_not_256 |= m.F % 256 != 0;
-    ks.insert(m.k);
+  for (const cli::KnownLayer& l : cli::known_layers()) {
+    if (l.tuned) continue;
+    const MoeShape& m = l.spec.shape;
+    e_not_pow2 |= (m.experts & (m.experts - 1)) != 0;
+    h_not_128 |= m.hidden % 128 != 0;
+    f_not_256 |= m.inter % 256 != 0;
+    ks.insert(m.topk);
+    auto shape_at = [&](int64_t T) { return MoeShape{T, m.hidden, m.inter, m.experts, m.topk}; };
     for (const Precision precision : {Precision::bf16, Precision::fp8})
       for (int64_t T = 1; T <= 16384; T *= 2) {
-        SCOPED_TRACE(::testing::Message() << m.name << " T=" << T << (precision == Precision::fp8 ? " fp8" : " bf16"));
-        const ForwardPlan plan = plan_forward(shape_of(m, T), h200, precision);
+        SCOPED_TRACE(::testing::Message() << l.spec.name << " T=" << T << (precision == Precision::fp8 ? " fp8" : " bf16"));
+        const ForwardPlan plan = plan_forward(shape_at(T), h200, precision);
         EXPECT_EQ(plan.source, "heuristic");
         EXPECT_EQ(plan.precision(), precision);
-        EXPECT_EQ(plan.block_m(), expected_block_m(T, m.k, m.E));
+        EXPECT_EQ(plan.block_m(), expected_block_m(T, m.topk, m.experts));
         EXPECT_LE(tuning::gemm_smem_bytes(plan.up), h200.smem_per_block_optin);
         EXPECT_LE(tuning::gemm_smem_bytes(plan.down), h200.smem_per_block_optin);
         EXPECT_GT(workspace_bytes(plan), size_t(0));
         // What `moekit tune` would time for the model: candidates exist, and each plans.
-        const std::vector<tuning::TileChoice> cands = tuning::tune_candidates(shape_of(m, T), h200, precision);
+        const std::vector<tuning::TileChoice> cands = tuning::tune_candidates(shape_at(T), h200, precision);
         EXPECT_FALSE(cands.empty());
         for (const tuning::TileChoice& c : cands)
-          EXPECT_NO_THROW(tuning::plan_with(shape_of(m, T), c.up, c.down, c.down_splits, h200.smem_per_block_optin));
+          EXPECT_NO_THROW(tuning::plan_with(shape_at(T), c.up, c.down, c.down_splits, h200.smem_per_block_optin));
       }
   }
   EXPECT_TRUE(e_not_pow2 && h_not_128 && f_not_256);

@@ -30,8 +30,8 @@ using moekit::cli::whole_number;
 
 std::string preset_list() {
   std::string s, m;
-  for (const std::string& n : moekit::cli::preset_names()) s += (s.empty() ? "" : "|") + n;
-  for (const std::string& n : moekit::cli::model_names()) m += (m.empty() ? "" : "|") + n;
+  for (const std::string& n : moekit::cli::layer_names(true)) s += (s.empty() ? "" : "|") + n;
+  for (const std::string& n : moekit::cli::layer_names(false)) m += (m.empty() ? "" : "|") + n;
   return s + " (tuned), or a public model with no table entry: " + m;
 }
 

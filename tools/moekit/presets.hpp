@@ -2,6 +2,7 @@
 // "Presets"), and how command-line overrides turn a preset into the layer that is run.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -36,64 +37,68 @@ struct LayerSpec {
   }
 };
 
-// The three tuned layers: configs/<device>.json has their measured plans.
-inline const std::vector<std::string>& preset_names() {
-  static const std::vector<std::string> names = {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"};
-  return names;
+// Every layer `--preset` names, in one table. The first three are tuned: configs/<device>.json has
+// their measured plans. The rest are public MoE layers beyond them, never tuned: the planner's
+// heuristic plans them (no table entry), which is what they measure. Between them: E not a power of
+// two (60, 40), H not a multiple of 128 (2880), F not a multiple of 256 (1408, 2880), k = 1, 2, 4,
+// 6, 8. Shapes and routing from each model's config.json (docs/design.md, "Models beyond the
+// presets").
+struct KnownLayer {
+  LayerSpec spec;
+  bool tuned;
+};
+inline const std::vector<KnownLayer>& known_layers() {
+  // name, H, F, E, k, renormalised; sigmoid scoring and DeepSeek-V3's grouping set below.
+  auto layer = [](const char* name, int64_t H, int64_t F, int64_t E, int64_t k, bool renormalize, bool tuned) {
+    KnownLayer l{LayerSpec{}, tuned};
+    l.spec.name = name;
+    l.spec.shape = MoeShape{0, H, F, E, k};
+    l.spec.router.renormalize = renormalize;
+    return l;
+  };
+  static const std::vector<KnownLayer> layers = [&] {
+    std::vector<KnownLayer> v = {
+        layer("mixtral-8x7b", 4096, 14336, 8, 2, true, true),
+        layer("qwen3-30b-a3b", 2048, 768, 128, 8, true, true),
+        layer("deepseek-v3", 7168, 2048, 256, 8, true, true),
+        layer("olmoe-1b-7b", 2048, 1024, 64, 8, false, false),        // softmax, the top 8 as they are
+        layer("qwen1.5-moe-a2.7b", 2048, 1408, 60, 4, false, false),  // the routed experts (its shared
+                                                                     // expert is a dense MLP)
+        layer("deepseek-v2-lite", 2048, 1408, 64, 6, false, false),   // softmax, greedy top 6
+        layer("granite-3.0-3b-a800m", 1536, 512, 40, 8, true, false), // softmax of the top 8 logits
+        layer("llama4-scout", 5120, 8192, 16, 1, false, false),       // top 1, weight sigmoid(logit)
+        layer("mixtral-8x22b", 6144, 16384, 8, 2, true, false),
+        // its GEMM shapes and top-4 softmax; not its clamped SwiGLU, its expert biases or its
+        // router's bias
+        layer("gpt-oss-20b", 2880, 2880, 32, 4, true, false),
+    };
+    auto spec = [&](const std::string& name) -> LayerSpec& {
+      return std::find_if(v.begin(), v.end(), [&](const KnownLayer& l) { return l.spec.name == name; })->spec;
+    };
+    LayerSpec& ds = spec("deepseek-v3");  // sigmoid + score bias, 8 groups keep 4, scaled
+    ds.router.scoring = Scoring::sigmoid, ds.router.n_group = 8, ds.router.topk_group = 4;
+    ds.router.routed_scaling_factor = 2.5f, ds.score_bias = true;
+    spec("llama4-scout").router.scoring = Scoring::sigmoid;
+    return v;
+  }();
+  return layers;
 }
 
-// Public MoE layers beyond the presets, never tuned: the planner's heuristic plans them (no table
-// entry), which is what they measure. Between them: E not a power of two (60, 40), H not a
-// multiple of 128 (2880), F not a multiple of 256 (1408, 2880), k = 1, 2, 4, 6, 8. Shapes and
-// routing from each model's config.json (docs/design.md, "Models beyond the presets").
-inline const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names = {"olmoe-1b-7b",        "qwen1.5-moe-a2.7b", "deepseek-v2-lite",
-                                                 "granite-3.0-3b-a800m", "llama4-scout",      "mixtral-8x22b",
-                                                 "gpt-oss-20b"};
+// The names of the tuned layers (tuned = true) or of the models beyond them (false), in order.
+inline std::vector<std::string> layer_names(bool tuned) {
+  std::vector<std::string> names;
+  for (const KnownLayer& l : known_layers())
+    if (l.tuned == tuned) names.push_back(l.spec.name);
   return names;
 }
 
 inline LayerSpec preset_spec(const std::string& name) {
-  LayerSpec s;
-  s.name = name;
-  s.router.renormalize = true;
-  if (name == "mixtral-8x7b") {
-    s.shape = MoeShape{0, 4096, 14336, 8, 2};
-  } else if (name == "qwen3-30b-a3b") {
-    s.shape = MoeShape{0, 2048, 768, 128, 8};
-  } else if (name == "deepseek-v3") {
-    s.shape = MoeShape{0, 7168, 2048, 256, 8};
-    s.router.scoring = Scoring::sigmoid;
-    s.router.n_group = 8;
-    s.router.topk_group = 4;
-    s.router.routed_scaling_factor = 2.5f;
-    s.score_bias = true;
-  } else if (name == "olmoe-1b-7b") {  // softmax over 64, the top 8 not renormalised
-    s.shape = MoeShape{0, 2048, 1024, 64, 8};
-    s.router.renormalize = false;
-  } else if (name == "qwen1.5-moe-a2.7b") {  // the routed experts (its shared expert is a dense MLP)
-    s.shape = MoeShape{0, 2048, 1408, 60, 4};
-    s.router.renormalize = false;
-  } else if (name == "deepseek-v2-lite") {  // softmax, greedy top 6, not renormalised
-    s.shape = MoeShape{0, 2048, 1408, 64, 6};
-    s.router.renormalize = false;
-  } else if (name == "granite-3.0-3b-a800m") {  // softmax of the top 8 logits = softmax, renormalised
-    s.shape = MoeShape{0, 1536, 512, 40, 8};
-  } else if (name == "llama4-scout") {  // top 1 by logit, weight sigmoid(logit)
-    s.shape = MoeShape{0, 5120, 8192, 16, 1};
-    s.router.scoring = Scoring::sigmoid;
-    s.router.renormalize = false;
-  } else if (name == "mixtral-8x22b") {
-    s.shape = MoeShape{0, 6144, 16384, 8, 2};
-  } else if (name == "gpt-oss-20b") {  // its GEMM shapes and top-4 softmax; not its clamped SwiGLU,
-    s.shape = MoeShape{0, 2880, 2880, 32, 4};  // its expert biases or its router's bias
-  } else {
-    std::string known;
-    for (const std::string& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    for (const std::string& n : model_names()) known += ", " + n;
-    throw UsageError("--preset: unknown preset '" + name + "'; expected one of " + known);
+  std::string known;
+  for (const KnownLayer& l : known_layers()) {
+    if (l.spec.name == name) return l.spec;
+    known += (known.empty() ? "" : ", ") + l.spec.name;
   }
-  return s;
+  throw UsageError("--preset: unknown preset '" + name + "'; expected one of " + known);
 }
 
 // Command-line description of a layer: a preset, and any field the user set explicitly.
