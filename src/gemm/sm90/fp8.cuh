@@ -29,7 +29,8 @@ inline constexpr uint32_t kHalfBBytes = 128 * kRowBytes;      // B rows 128..255
 
 // acc = Σ over K blocks of (A·Bᵀ of the block) · a_scale · b_scale, for this warpgroup's 64 rows;
 // `rows` are this thread's two tile rows (acc_row of v % 4 = 0 and 2), for their A scales.
-template <class Cfg, class Hook>
+// kTmaA: A came by TMA (the async proxy, as B), so no proxy fence is needed before the wgmma.
+template <class Cfg, bool kTmaA = false, class Hook>
 __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                              uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
                                              bool live, const int (&rows)[2], Hook&& after_first_step) {
@@ -46,7 +47,8 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
     const uint32_t stage = pipe.stage;
     ptx::mbar_wait(sm.full(stage), pipe.phase);
     __syncwarp();
-    ptx::fence_proxy_async_smem();  // A rows landed through cp.async; wgmma reads them asynchronously
+    // A rows that landed through cp.async are read by wgmma through the async proxy.
+    if constexpr (!kTmaA) ptx::fence_proxy_async_smem();
     const uint32_t sc = sm.scales(stage);
     const float sa[2] = {ptx::ld_shared_f32(sc + uint32_t(rows[0]) * 4), ptx::ld_shared_f32(sc + uint32_t(rows[1]) * 4)};
     const float sb[2] = {ptx::ld_shared_f32(sc + Cfg::kScaleB * 4), ptx::ld_shared_f32(sc + (Cfg::kScaleB + 1) * 4)};

@@ -73,7 +73,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     auto hook = [&] { epi.load_row_data(p, ids); };
     if constexpr (Cfg::kFp8) {
       const int rows[2] = {wg * kWgmmaM + acc_row(warp, lane, 0), wg * kWgmmaM + acc_row(warp, lane, 2)};
-      mma_tile_fp8<Cfg>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
+      mma_tile_fp8<Cfg, tma_a<M, Cfg>()>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
     } else {
       mma_tile<Cfg, b_n_major(M)>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, hook);
     }
@@ -94,9 +94,12 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   }
 }
 
+// a_map: A by TMA where tma_a<M, Cfg>() (the FP8 down GEMM: act's rows are contiguous in sorted
+// order); unused otherwise.
 template <Mode M, int BN, int STAGES, bool FP8>
 __global__ void __launch_bounds__(kThreads, 1)
-    sm90_expert_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap b_map) {
+    sm90_expert_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap b_map,
+                            const __grid_constant__ CUtensorMap a_map) {
   using Cfg = Config<BN, STAGES, FP8>;
   extern __shared__ unsigned char smem_raw[];
   if (threadIdx.x == 0) {
@@ -111,7 +114,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     ptx::mbar_init_fence();
   }
-  if (threadIdx.x == kConsumerThreads) ptx::tma_prefetch_desc(&b_map);
+  if (threadIdx.x == kConsumerThreads) {
+    ptx::tma_prefetch_desc(&b_map);
+    if constexpr (tma_a<M, Cfg>()) ptx::tma_prefetch_desc(&a_map);
+  }
   dev::pdl_enter();  // launched with PDL (common/launch.hpp): the routing and A come from predecessors
   __syncthreads();
 
@@ -120,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x >= kConsumerThreads) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     const Work w = read_work(p);
-    produce<M, Cfg>(p, &b_map, smem_layout<Cfg>(smem_raw), w.items, w.blocks, w.k_tiles);
+    produce<M, Cfg>(p, &b_map, &a_map, smem_layout<Cfg>(smem_raw), w.items, w.blocks, w.k_tiles);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const Work w = read_work(p);

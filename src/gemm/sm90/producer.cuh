@@ -27,9 +27,18 @@
 
 namespace moekit::kernels::gemm::sm90 {
 
+// Whether A comes by TMA too: the FP8 down GEMM, whose A (act) rows are contiguous in sorted
+// order (the other modes gather A rows by id, which TMA cannot on sm_90). Padding rows of act are
+// never written: TMA brings whatever is there, which reaches only padding outputs (rows are
+// independent), never stored; their A scales are zeros.
 template <Mode M, class Cfg>
-__device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_map, const Smem<Cfg>& sm,
-                                        int32_t items, int32_t blocks, int32_t k_tiles) {
+__host__ __device__ constexpr bool tma_a() {
+  return Cfg::kFp8 && M == Mode::Down;
+}
+
+template <Mode M, class Cfg>
+__device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_map, const CUtensorMap* a_map,
+                                        const Smem<Cfg>& sm, int32_t items, int32_t blocks, int32_t k_tiles) {
   constexpr int kChunksPerRow = kRowBytes / 16;                           // 8
   constexpr int kRowsPerPass = kProducerThreads / kChunksPerRow;          // 16
   constexpr int kPasses = kBlockM / kRowsPerPass;                         // 8
@@ -91,7 +100,9 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);  // the consumers released this stage
       const int32_t k0 = kt * kBlockK;
       if (tma_thread) {
-        ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes);
+        ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes + (tma_a<M, Cfg>() ? Cfg::kABytes : 0u));
+        // A box: (k0.., row0.., 0, 0), 128 rows of one stage; rows past max_rows read zeros.
+        if constexpr (tma_a<M, Cfg>()) ptx::tma_load_4d(sm.a(stage), a_map, sm.full(stage), k0, row0, 0, 0);
         if constexpr (b_n_major(M)) {
           // N-major B: one box (b_row + 64j.., k0.., 0, expert) of 64 N values by 64 K rows per
           // panel (layout.hpp, mn_tile_offset); N past n_dim and K past k_dim read zeros.
@@ -104,13 +115,15 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
           ptx::tma_load_4d(sm.b(stage), b_map, sm.full(stage), k0, b_row, 0, expert);
         }
       }
-      const bool k_ok = k0 + chunk * 8 < p.k_dim;
-      const uint32_t dst = sm.a(stage);
+      if constexpr (!tma_a<M, Cfg>()) {
+        const bool k_ok = k0 + chunk * 8 < p.k_dim;
+        const uint32_t dst = sm.a(stage);
 #pragma unroll
-      for (int i = 0; i < kPasses; ++i) {
-        const bool ok = k_ok && ((row_ok >> i) & 1u);
-        ptx::cp_async16(dst + sw128_offset(uint32_t(row_in_pass + i * kRowsPerPass), uint32_t(chunk)),
-                        ok ? static_cast<const void*>(src[i] + k0) : static_cast<const void*>(p.a), ok ? 16u : 0u);
+        for (int i = 0; i < kPasses; ++i) {
+          const bool ok = k_ok && ((row_ok >> i) & 1u);
+          ptx::cp_async16(dst + sw128_offset(uint32_t(row_in_pass + i * kRowsPerPass), uint32_t(chunk)),
+                          ok ? static_cast<const void*>(src[i] + k0) : static_cast<const void*>(p.a), ok ? 16u : 0u);
+        }
       }
       if constexpr (Cfg::kFp8) {
         const uint32_t sc = sm.scales(stage);
