@@ -73,7 +73,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     auto hook = [&] { epi.load_row_data(p, ids); };
     if constexpr (Cfg::kFp8) {
       const int rows[2] = {wg * kWgmmaM + acc_row(warp, lane, 0), wg * kWgmmaM + acc_row(warp, lane, 2)};
-      mma_tile_fp8<Cfg, a_by_tma<M, Cfg>()>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
+      mma_tile_fp8<Cfg, tma_a<M, Cfg>()>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
     } else {
       mma_tile<Cfg, b_n_major(M)>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, hook);
     }
@@ -94,8 +94,8 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   }
 }
 
-// a_map: A by TMA where a_by_tma<M, Cfg>() (FP8: Down's act rows contiguous in sorted order, Up's
-// x_q rows one box each); unused otherwise.
+// a_map: A by TMA where tma_a<M, Cfg>() (the FP8 down GEMM: act's rows are contiguous in sorted
+// order); unused otherwise.
 template <Mode M, int BN, int STAGES, bool FP8>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_expert_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap b_map,
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (threadIdx.x == kConsumerThreads) {
     ptx::tma_prefetch_desc(&b_map);
-    if constexpr (a_by_tma<M, Cfg>()) ptx::tma_prefetch_desc(&a_map);
+    if constexpr (tma_a<M, Cfg>()) ptx::tma_prefetch_desc(&a_map);
   }
   dev::pdl_enter();  // launched with PDL (common/launch.hpp): the routing and A come from predecessors
   __syncthreads();

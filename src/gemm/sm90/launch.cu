@@ -74,14 +74,14 @@ CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n)
   return map;
 }
 
-// A by TMA (sm90/producer.cuh, a_by_tma), e4m3 rows in 2-byte units (k_dim) as (K, rows, 1, 1):
-// Down act [max_rows][F], boxes of (64, 128, 1, 1), one stage of a tile's 128 sorted rows; Up x_q
-// [T][H], boxes of (64, 1, 1, 1), one row's stage. Rows past `rows` and K past k_dim read zeros.
-CUtensorMap make_a_map(const Params& p, int64_t rows, int box_rows) {
+// A by TMA (sm90/producer.cuh, tma_a: the FP8 down GEMM): act [rows][F] e4m3 in 2-byte units
+// (k_dim) as (K, rows, 1, 1), boxes of (64, 128, 1, 1): one stage of a tile's 128 sorted rows.
+// Rows past `rows` (max_rows) and K past F read zeros.
+CUtensorMap make_a_map(const Params& p, int64_t rows) {
   const cuuint64_t dims[4] = {cuuint64_t(p.k_dim), cuuint64_t(rows), 1, 1};
   const cuuint64_t row_bytes = cuuint64_t(p.k_dim) * 2;
   const cuuint64_t strides[3] = {row_bytes, row_bytes * cuuint64_t(rows), row_bytes * cuuint64_t(rows)};
-  const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), cuuint32_t(box_rows), 1, 1};
+  const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), cuuint32_t(sm90::kBlockM), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   CUtensorMap map{};
   const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(p.a),
@@ -122,9 +122,7 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
   const int64_t grid = std::max<int64_t>(1, std::min(sms, max_blocks * p.n_tiles));
   // The claim counter starts at zero every launch: a memset node in a graph, no host work.
   MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
-  CUtensorMap a_map{};
-  if constexpr (sm90::tma_a<M, Cfg>()) a_map = make_a_map(p, max_blocks * sm90::kBlockM, sm90::kBlockM);
-  if constexpr (sm90::tma_rows<M, Cfg>()) a_map = make_a_map(p, p.num_assign / p.topk, 1);
+  const CUtensorMap a_map = sm90::tma_a<M, Cfg>() ? make_a_map(p, max_blocks * sm90::kBlockM) : CUtensorMap{};
   launch_pdl("sm90_expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
              b_map, a_map);
 }

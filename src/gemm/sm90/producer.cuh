@@ -8,10 +8,9 @@
 // the 128-byte swizzle wgmma reads. Each stage's "full" mbarrier completes when the TMA bytes have
 // landed and all 128 producer threads' cp.async have (cp.async.mbarrier.arrive.noinc).
 // FP8 (Cfg::kFp8): the same bytes (rows of 128 e4m3, addressed in 2-byte units: gemm/params.hpp),
-// plus each stage's block scales by 4-byte cp.async in the same arrival: each of the 128 threads
-// the A scale of one tile row, the TMA thread the B scales of the tile's two 128-row halves. FP8
-// A comes by TMA, not cp.async (a_by_tma): Down one box of the tile's 128 sorted act rows, Up one
-// box per row, each thread its row's x_q bytes.
+// plus each stage's block scales by 4-byte cp.async in the same arrival: thread (row_in_pass, chunk)
+// loads the A scale of its row of pass `chunk` (so the 128 threads cover the 128 rows once), the
+// TMA thread the B scales of the tile's two 128-row halves.
 #pragma once
 
 #include <cuda.h>
@@ -35,19 +34,6 @@ namespace moekit::kernels::gemm::sm90 {
 template <Mode M, class Cfg>
 __host__ __device__ constexpr bool tma_a() {
   return Cfg::kFp8 && M == Mode::Down;
-}
-// Whether A comes by TMA one row a box (the FP8 up GEMM, x_q rows gathered by token): producer
-// thread t loads tile row t's 128 bytes of the stage. The 128-byte swizzle is a function of the
-// shared-memory address (bits 4-6 XOR bits 7-9), so a one-row box written at row t's 128 bytes
-// lands where a box of the whole tile would put it. Padding rows load row 0: their outputs are
-// never stored and their A scales are zeros. K past H reads zeros, and counts in the box's bytes.
-template <Mode M, class Cfg>
-__host__ __device__ constexpr bool tma_rows() {
-  return Cfg::kFp8 && M == Mode::Up;
-}
-template <Mode M, class Cfg>
-__host__ __device__ constexpr bool a_by_tma() {
-  return tma_a<M, Cfg>() || tma_rows<M, Cfg>();
 }
 
 template <Mode M, class Cfg>
@@ -80,16 +66,8 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
     uint32_t row_ok = 0;
     const float* scale_src = p.a_scale;  // FP8: this thread's A-scale row (index: the K-tile)
     bool scale_ok = false;
-    int32_t tma_row = 0;  // tma_rows: the source row of tile row t
-    if constexpr (tma_rows<M, Cfg>()) {
-      static_assert(kProducerThreads == kBlockM, "one producer thread a tile row");
-      const int32_t id = p.sorted_ids[row0 + t];
-      scale_ok = id < p.num_assign;
-      tma_row = scale_ok ? int32_t(uint32_t(id) / uint32_t(p.topk)) : 0;
-      scale_src = p.a_scale + int64_t(tma_row) * k_tiles;
-    }
 #pragma unroll
-    for (int i = 0; i < (tma_rows<M, Cfg>() ? 0 : kPasses); ++i) {
+    for (int i = 0; i < kPasses; ++i) {
       const int32_t r = row0 + row_in_pass + i * kRowsPerPass;
       const int32_t id = p.sorted_ids[r];
       const bool ok = id < p.num_assign;
@@ -122,7 +100,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);  // the consumers released this stage
       const int32_t k0 = kt * kBlockK;
       if (tma_thread) {
-        ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes + (a_by_tma<M, Cfg>() ? Cfg::kABytes : 0u));
+        ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes + (tma_a<M, Cfg>() ? Cfg::kABytes : 0u));
         // A box: (k0.., row0.., 0, 0), 128 rows of one stage; rows past max_rows read zeros.
         if constexpr (tma_a<M, Cfg>()) ptx::tma_load_4d(sm.a(stage), a_map, sm.full(stage), k0, row0, 0, 0);
         if constexpr (b_n_major(M)) {
@@ -137,11 +115,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
           ptx::tma_load_4d(sm.b(stage), b_map, sm.full(stage), k0, b_row, 0, expert);
         }
       }
-      // Row boxes complete bytes on the stage's barrier; their count may run ahead of the TMA
-      // thread's expect_tx (the phase waits for its arrival too).
-      if constexpr (tma_rows<M, Cfg>())
-        ptx::tma_load_4d(sm.a(stage) + uint32_t(t) * kRowBytes, a_map, sm.full(stage), k0, tma_row, 0, 0);
-      if constexpr (!a_by_tma<M, Cfg>()) {
+      if constexpr (!tma_a<M, Cfg>()) {
         const bool k_ok = k0 + chunk * 8 < p.k_dim;
         const uint32_t dst = sm.a(stage);
 #pragma unroll
@@ -153,8 +127,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       }
       if constexpr (Cfg::kFp8) {
         const uint32_t sc = sm.scales(stage);
-        const int scale_row = tma_rows<M, Cfg>() ? t : row_in_pass + chunk * kRowsPerPass;
-        ptx::cp_async4(sc + uint32_t(scale_row) * 4,
+        ptx::cp_async4(sc + uint32_t(row_in_pass + chunk * kRowsPerPass) * 4,
                        scale_ok ? static_cast<const void*>(scale_src + kt) : static_cast<const void*>(p.a_scale),
                        scale_ok ? 4u : 0u);
         if (tma_thread)
