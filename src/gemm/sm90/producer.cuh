@@ -61,10 +61,8 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
     const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
     const int32_t b_row = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
 
-    // This thread's 8 source rows for the whole K loop, as byte addresses of its chunk (64-bit
-    // offsets: ids·H overflows 32 bits). A padding row reads row 0's address: every row's is
-    // readable, and its copies zero-fill without reading.
-    const char* src[kPasses];
+    // This thread's 8 source rows for the whole K loop (64-bit offsets: ids·H overflows 32 bits).
+    const __nv_bfloat16* src[kPasses];
     uint32_t row_ok = 0;
     const float* scale_src = p.a_scale;  // FP8: this thread's A-scale row (index: the K-tile)
     bool scale_ok = false;
@@ -75,7 +73,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       const bool ok = id < p.num_assign;
       // ids are non-negative int32: 32-bit division (a 64-bit one is a register-hungry call)
       const int32_t src_row = a_by_token(M) ? (ok ? int32_t(uint32_t(id) / uint32_t(p.topk)) : 0) : r;
-      src[i] = reinterpret_cast<const char*>(p.a + int64_t(src_row) * p.k_dim + chunk * 8);
+      src[i] = p.a + int64_t(src_row) * p.k_dim + chunk * 8;
       row_ok |= uint32_t(ok) << i;
       if constexpr (Cfg::kFp8)
         if (i == chunk) {
@@ -118,18 +116,14 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
         }
       }
       if constexpr (!tma_a<M, Cfg>()) {
-        // One predicate word and one byte offset a stage, then an add and a copy a row: this
-        // thread's chunk past k_dim (the K tail) zero-fills all its rows, reading at their start.
-        // The rows of a thread sit 16 apart, a multiple of the swizzle's 8-row period, so their
-        // destinations are one address plus immediates.
-        static_assert(kRowsPerPass % 8 == 0, "rows of a thread share their swizzle phase");
         const bool k_ok = k0 + chunk * 8 < p.k_dim;
-        const uint32_t ok = k_ok ? row_ok : 0u;
-        const int64_t k_bytes = k_ok ? int64_t(k0) * 2 : 0;
-        const uint32_t dst = sm.a(stage) + sw128_offset(uint32_t(row_in_pass), uint32_t(chunk));
+        const uint32_t dst = sm.a(stage);
 #pragma unroll
-        for (int i = 0; i < kPasses; ++i)
-          ptx::cp_async16(dst + uint32_t(i * kRowsPerPass) * kRowBytes, src[i] + k_bytes, ((ok >> i) & 1u) ? 16u : 0u);
+        for (int i = 0; i < kPasses; ++i) {
+          const bool ok = k_ok && ((row_ok >> i) & 1u);
+          ptx::cp_async16(dst + sw128_offset(uint32_t(row_in_pass + i * kRowsPerPass), uint32_t(chunk)),
+                          ok ? static_cast<const void*>(src[i] + k0) : static_cast<const void*>(p.a), ok ? 16u : 0u);
+        }
       }
       if constexpr (Cfg::kFp8) {
         const uint32_t sc = sm.scales(stage);
