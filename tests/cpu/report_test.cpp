@@ -98,6 +98,39 @@ TEST(Report, CsvAndJsonHoldTheSameRows) {
   std::remove(csv_path.c_str());
 }
 
+// x_roof_busiest (issue: skewed routing): the roofline of every touched expert at the busiest one's
+// load. Counts {4, 0, 7, 21}: 32 assignments, 3 touched, busiest 21 -> FLOPs x 63/32; the read
+// floor is the stage's own; router, align and combine rows have none.
+TEST(Report, BusiestExpertRoofline) {
+  const std::string json_path = (std::filesystem::temp_directory_path() / "moekit_report_busiest.json").string();
+  RunInfo info;
+  info.read_ceiling_TBps = 4.5;
+  info.dense_ceiling_TFLOPs = 700;
+  std::vector<Row> rows = sample_rows();
+  rows[0].cost.flops = 7e11;  // 1 ms at 700 TFLOP/s, above the 0.2 ms read: the dense floor
+  rows[0].ms = 4.0;
+  rows[1] = rows[0];
+  rows[1].cost.flops = 1e9;  // 1.4 us of FLOPs even at the busiest load: the read floor stays
+  rows[1].ms = 0.5;
+  Row router = rows[0];
+  router.stage = "router";
+  Row balanced = rows[0];
+  balanced.tokens_per_expert = {8, 8, 8, 8};
+  rows.push_back(router);
+  rows.push_back(balanced);
+  write_rows(json_path, "", info, rows);
+  std::ifstream jf(json_path);
+  const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(jf);
+  ASSERT_EQ(doc["rows"].size(), 4u);
+  EXPECT_DOUBLE_EQ(doc["rows"][0]["x_roof"].get<double>(), 4.0);
+  EXPECT_NEAR(doc["rows"][0]["x_roof_busiest"].get<double>(), 4.0 / (63.0 / 32.0), 1e-12);
+  EXPECT_DOUBLE_EQ(doc["rows"][1]["x_roof_busiest"].get<double>(), 0.5 / 0.2);
+  EXPECT_TRUE(doc["rows"][2]["x_roof_busiest"].is_null()) << "the router's FLOPs do not follow the loads";
+  EXPECT_DOUBLE_EQ(doc["rows"][3]["x_roof_busiest"].get<double>(), doc["rows"][3]["x_roof"].get<double>())
+      << "balanced loads: the same floor";
+  std::remove(json_path.c_str());
+}
+
 // `moekit bench --backward`'s rows count what docs/design.md says: 12·T·k·H·F useful FLOPs, the
 // touched experts' w13 and w2 read and their gradients written (with w_gate and d_w_gate), the sums
 // of the layer's and the backward's in forward+backward; x_roof is the time over the larger floor.

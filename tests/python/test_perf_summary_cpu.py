@@ -1,7 +1,8 @@
 """scripts/perf-summary on the run of record (docs/perf/latest/bench-*.json), on the CPU: the
 x_roof table has a row per file and a column per T, its cells are the JSON's own x_roof (experts
 and the layer as a CUDA graph), a value above issue 19's bounds is marked, and the default table
-runs on files without cuBLAS baselines (the fp8 ones)."""
+runs on files without cuBLAS baselines (the fp8 ones); a `--skew` file gets the table of its
+experts' x_roof against the busiest expert's floor."""
 import json
 import pathlib
 import re
@@ -45,3 +46,22 @@ def test_default_table_runs_on_every_file():
     for f in FILES:
         if f.name.endswith(("-bf16.json", "-fp8.json")):
             assert "| preset | T | experts ms" in run(f)
+
+
+def test_skewed_file_gets_the_busiest_expert_table(tmp_path):
+    src = next(f for f in FILES if f.name.endswith("-bf16.json"))
+    d = json.load(open(src))
+    for i, r in enumerate(d["rows"]):
+        r["skew"] = True
+        r["x_roof_busiest"] = 0.5 + i * 1e-3  # distinct per row, so a cell names its own row
+    skewed = tmp_path / "bench-skew.json"
+    skewed.write_text(json.dumps(d))
+    out = run("--x-roof", src, skewed)
+    assert "skewed routing: experts x_roof / x_roof against the busiest expert's floor" in out
+    line = next(l for l in out.splitlines() if l.startswith(f"| {d['rows'][0]['preset']} | bf16 skew |")
+                and "/" in l and l.count("|") == len({r['tokens'] for r in d['rows']}) + 3)
+    by = {r["tokens"]: r for r in d["rows"] if r["stage"] == "experts" and r["impl"] == "moekit"}
+    cells = [c.strip() for c in line.strip("|").split("|")][2:]
+    for t, cell in zip(sorted(by), cells):
+        a, b = (float(x) for x in cell.split("/"))
+        assert abs(a - by[t]["x_roof"]) < 0.006 and abs(b - by[t]["x_roof_busiest"]) < 0.006

@@ -15,6 +15,26 @@ namespace moekit::cli {
 
 using json = nlohmann::ordered_json;
 
+namespace {
+// The roofline of a schedule that gives every touched expert an equal share of the GPU (expert
+// parallelism's ranks, batches padded to a capacity): every touched expert at the busiest one's
+// load. Its FLOPs are the stage's times the busiest count · touched experts / assignments; its
+// read is the stage's own (an expert's weights are read once whatever its load). None for the
+// stages whose FLOPs do not follow the experts' loads (router, align, combine), or without counts.
+std::optional<double> busiest_roof_ms(const Row& r, double ceiling) {
+  if (r.stage == "router" || r.stage == "align" || r.stage == "combine" || r.tokens_per_expert.empty()) return std::nullopt;
+  int64_t assignments = 0, touched = 0, busiest = 0;
+  for (const int32_t c : r.tokens_per_expert) {
+    assignments += c, touched += c > 0;
+    busiest = std::max<int64_t>(busiest, c);
+  }
+  if (assignments == 0) return std::nullopt;
+  const double flops = r.cost.flops * double(busiest * touched) / double(assignments);
+  const double roof_ms = std::max(r.read_time_ms.value_or(0.0), flops / (ceiling * 1e9));
+  return roof_ms > 0 ? std::optional<double>(roof_ms) : std::nullopt;
+}
+}  // namespace
+
 // One row of `moekit bench` as the --json file and the --csv file both hold it: the row's fields,
 // then the run's (ceilings, gpu, date) it is measured against.
 json row_json(const Row& r, const RunInfo& info) {
@@ -25,6 +45,7 @@ json row_json(const Row& r, const RunInfo& info) {
   const double ceiling = r.dtype == "fp8" && info.fp8_ceiling_TFLOPs > 0 ? info.fp8_ceiling_TFLOPs : info.dense_ceiling_TFLOPs;
   const double roof_ms = std::max(r.read_time_ms.value_or(0.0), r.cost.flops / (ceiling * 1e9));
   auto opt = [](std::optional<double> v) { return v ? json(*v) : json(nullptr); };
+  const std::optional<double> busiest_ms = busiest_roof_ms(r, ceiling);
   return {{"preset", r.preset},
           {"dtype", r.dtype},
           {"tokens", r.shape.tokens},
@@ -47,6 +68,7 @@ json row_json(const Row& r, const RunInfo& info) {
           {"read_time_ms", opt(r.read_time_ms)},
           {"x_read_time", opt(x_read)},
           {"x_roof", roof_ms > 0 ? json(r.ms / roof_ms) : json(nullptr)},
+          {"x_roof_busiest", busiest_ms ? json(r.ms / *busiest_ms) : json(nullptr)},
           {"tokens_per_expert_max_over_mean", r.tokens_per_expert_max_over_mean},
           {"touched_experts", r.touched_experts},
           {"tokens_per_expert", r.tokens_per_expert},
