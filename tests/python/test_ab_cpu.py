@@ -1,0 +1,81 @@
+"""scripts/ab on the CPU, with stand-in `moekit` binaries that write bench JSON: the sides' order
+rotates round by round, several new builds each get their own table against old, the ratios are
+the JSONs' own times, and a JSON written by another binary than its label's is a failure."""
+import json
+import os
+import pathlib
+import re
+import stat
+import subprocess
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+AB = ROOT / "scripts" / "ab"
+
+# A stand-in for `moekit bench --preset P --tokens L --json PATH ...`: every stage's time is
+# T * 1e-3 times the factor in the file `speed` beside it; `lie` beside it writes another argv[0].
+FAKE = r'''#!/usr/bin/env python3
+import json, os, sys
+here = os.path.dirname(os.path.abspath(sys.argv[0]))
+a = sys.argv[1:]
+preset, tokens, path = a[a.index("--preset") + 1], a[a.index("--tokens") + 1], a[a.index("--json") + 1]
+speed = float(open(os.path.join(here, "speed")).read())
+argv0 = "/elsewhere/moekit" if os.path.exists(os.path.join(here, "lie")) else sys.argv[0]
+rows = [{"preset": preset, "tokens": int(t), "stage": s, "impl": "moekit", "ms": int(t) * 1e-3 * speed}
+        for t in tokens.split(",") for s in ("up", "down", "experts", "layer-graph")]
+json.dump({"command": " ".join([argv0] + a), "gpu": "stand-in", "read_ceiling_TBps": 4.0,
+           "dense_ceiling_TFLOPs": 700.0, "rows": rows}, open(path, "w"))
+'''
+
+
+def build(tmp, name, speed, lie=False):
+    d = tmp / name
+    d.mkdir()
+    exe = d / "moekit"
+    exe.write_text(FAKE)
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    (d / "speed").write_text(str(speed))
+    (d / "commit").write_text(f"{name}-commit\n")
+    if lie:
+        (d / "lie").write_text("")
+    return d
+
+
+def ab(tmp, *builds, rounds=3):
+    out = tmp / "out"
+    r = subprocess.run([str(AB), *map(str, builds), "--presets", "p1,p2", "--tokens", "16,1024", "--rounds",
+                        str(rounds), "--budget", "120", "--out", str(out)], capture_output=True, text=True)
+    return r, out
+
+
+def test_several_new_builds_each_against_old(tmp_path):
+    old, fast, slow = build(tmp_path, "old", 1.0), build(tmp_path, "fast", 0.9), build(tmp_path, "slow", 1.1)
+    r, out = ab(tmp_path, old, fast, slow)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Rotation: round 1 old new1 new2, round 2 new1 new2 old, round 3 new2 old new1.
+    starts = re.findall(r"^=== (\w+)-r(\d)-p1:", r.stdout, re.M)
+    assert starts == [("old", "1"), ("new1", "1"), ("new2", "1"), ("new1", "2"), ("new2", "2"), ("old", "2"),
+                      ("new2", "3"), ("old", "3"), ("new1", "3")]
+    summary = (out / "summary.txt").read_text()
+    assert "--- new1 (fast-commit) against old" in summary and "--- new2 (slow-commit) against old" in summary
+    blocks = summary.split("--- ")[1:]
+    for block, ratio in zip(blocks, (0.9, 1.1)):
+        ratios = [float(m) for m in re.findall(r"^p\d +\d+ [\w-]+ +[\d.]+ +[\d.]+ +([\d.]+)", block, re.M)]
+        assert len(ratios) == 2 * 2 * 4  # presets x T x stages
+        assert all(abs(x - ratio) < 1e-3 for x in ratios)
+    assert re.search(r"geomean new1/old: experts 0\.900.*geomean new2/old: experts 1\.100", summary)
+
+
+def test_two_builds_keep_the_old_new_table(tmp_path):
+    r, out = ab(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 0.95), rounds=2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = (out / "summary.txt").read_text()
+    assert not re.search(r"^--- ", summary, re.M), "one new build: no per-build headers"
+    assert re.search(r"^preset +T stage +old ms +new ms +new/old", summary, re.M)
+    assert "geomean new/old: experts 0.950" in summary
+    assert re.findall(r"^=== (\w+)-r(\d)-p1:", r.stdout, re.M) == [("old", "1"), ("new", "1"), ("new", "2"), ("old", "2")]
+
+
+def test_a_json_from_another_binary_fails_the_label_check(tmp_path):
+    r, out = ab(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 1.0, lie=True), rounds=1)
+    assert r.returncode == 1
+    assert "labelled new" in (out / "summary.txt").read_text()
