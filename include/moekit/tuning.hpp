@@ -50,6 +50,13 @@ std::string device_slug(std::string_view device_name);
 std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo& device,
                                         Precision precision = Precision::bf16);
 
+// What the planner's cost model (src/tuning/cost_model.hpp) estimates `choice` takes on `device`, in
+// µs: the up and down GEMMs (and split-K's extra combine traffic). plan_forward ranks the
+// candidates by it where no table covers a shape; `moekit tune --candidates` records it beside
+// each candidate's measured time (`model_ms`), the data to refit the model's constants from.
+double model_estimate_us(const MoeShape& shape, const TileChoice& choice, const DeviceInfo& device,
+                         Precision precision = Precision::bf16);
+
 // The bucket rule: given the rows per expert of the measured points of one shape (ascending,
 // distinct), each point's bucket ends halfway to the next point (a shape between two measured
 // points takes the nearer one's configs), and the last bucket ends at the last point (no

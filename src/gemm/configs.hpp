@@ -8,7 +8,8 @@
 // block_m is the row granularity of the aligned layout, so one forward uses one block_m for both
 // GEMMs. 16 rows: decode, bound by reading weights (padding is nearly free); the three 16-row
 // tiles differ in CTAs per SM (2, 4 and 3: configs/sm90-occupancy.txt, checked on every build),
-// which `moekit tune` weighs per shape; the heuristic keeps the first. 32 rows: experts with 17-32
+// which `moekit tune` weighs per shape, and the planner's cost model by their bytes in flight
+// (it keeps the earlier one within 3%: the order is a preference). 32 rows: experts with 17-32
 // rows read their weights once (Mixtral T=64: 0.724 -> 0.685 ms; a 32 x 128
 // tile won nowhere and is not compiled). 64/128 rows: prefill, bound by tensor-core math (fewer
 // B-tile re-reads per FLOP). How the decode tiles' waves and tails cost: docs/perf/NOTES.md,
@@ -34,9 +35,10 @@
 // block_n 256 (128 gate + 128 up rows) holds one (tuning::up_config_ok). Down tiles of any block_n.
 // mma.sync (decode): X(block_m, block_n, block_k, warps_m, warps_n, stages), as above; block_k
 // 256 moves the bf16 tiles' 256 bytes a row per stage. An up tile narrower than 256 runs as a
-// cluster of CTAs per act group (gemm/mma_sync/fp8.cuh). The first is the heuristic's for both
-// GEMMs: `moekit tune` on the H200 chose it for both at DeepSeek-V3 T=1-64 and Mixtral T=1-32,
-// and for up at Qwen3 T=2-64 (configs/nvidia-h200.json); Qwen3 T=1 took the 4-CTA cluster up.
+// cluster of CTAs per act group (gemm/mma_sync/fp8.cuh). The first is the cost model's on a
+// near-tie, for both GEMMs: `moekit tune` on the H200 chose it for both at DeepSeek-V3 T=1-64 and
+// Mixtral T=1-32, and for up at Qwen3 T=2-64 (configs/nvidia-h200.json); Qwen3 T=1 took the 4-CTA
+// cluster up.
 #define MOEKIT_GEMM_FP8_CONFIGS(X) \
   X(16, 256, 256, 1, 8, 3)         \
   X(16, 64, 256, 1, 4, 4)          \

@@ -1,7 +1,7 @@
 // heuristic.cpp — the rules that choose a kernel where no measured table does: the GEMM tiles and
-// split-K for shapes without a table entry, the router's logits tiling and selection kernel, and
-// the align kernel. Pure host functions of the shape and the device description (unit-tested on
-// the CPU); each rule carries the measurement it came from.
+// split-K for shapes without a table entry (by the cost model, cost_model.cpp), the router's
+// logits tiling and selection kernel, and the align kernel. Pure host functions of the shape and
+// the device description (unit-tested on the CPU); each rule carries the measurement it came from.
 #include <algorithm>
 #include <cstdint>
 
@@ -10,14 +10,13 @@
 #include "gemm/sm90/geometry.hpp"
 #include "moekit/moe.hpp"
 #include "router/params.hpp"
+#include "tuning/cost_model.hpp"
 #include "tuning/planner.hpp"
 #include "tuning/table.hpp"
 
 namespace moekit::tuning {
 
 namespace {
-// The largest rows per expert (T*k/E) the heuristic still plans with 16-row decode tiles.
-constexpr int64_t kDecodeRowsPerExpert = 12;
 // Selection with a CTA per token (select_cta.cuh) for 128 < E <= 256 up to this T: decode and the
 // crossover, where a token's chain of dependent instructions on one warp is the router's latency.
 // Above it the warp-per-token kernel is kept (prefill's selection is throughput, not latency).
@@ -95,9 +94,10 @@ bool select_kernel_fits(SelectKernel k, int64_t experts) {
   return k == SelectKernel::warp || experts <= kernels::router::kCtaMaxExperts;
 }
 
-// Decode leaves the down GEMM with few output tiles (Mixtral, T=1: 2 experts x 64 column tiles
-// for 264 resident CTAs), so most SMs would idle. Split K until the expected tiles fill the
-// resident CTAs twice over; each split needs at least 4 K-tiles to keep its pipeline busy.
+// The backward's dx GEMM (backward_plan.cpp; the forward's split-K is the cost model's): decode
+// leaves a down-shaped GEMM few output tiles (Mixtral, T=1: 2 experts x 64 column tiles for 264
+// resident CTAs), so most SMs would idle. Split K until the expected tiles fill the resident CTAs
+// twice over; each split needs at least 4 K-tiles to keep its pipeline busy.
 int plan_down_splits(const MoeShape& s, const GemmConfig& c, const DeviceInfo& device) {
   if (c.block_m != 16) return 1;  // prefill tiles fill the GPU
   const int64_t assignments = s.tokens * s.topk;
@@ -133,33 +133,19 @@ std::string to_string(AlignKernel k) {
 
 namespace moekit {
 
-// Tile shape follows rows per expert, not T (docs/design.md): a few rows per expert is a weight
-// read (16-row mma.sync tiles, little padding); from about a dozen rows the wgmma kernel's 128-row
-// tiles win even half empty. `moekit tune` on the H200 (configs/) bracketed the switch: 16-row
-// tiles won at 8 rows per expert (Mixtral T=32, Qwen3 T=128, DeepSeek-V3 T=256), the wgmma tiles at
-// 16 (Mixtral T=64, Qwen3 T=256, DeepSeek-V3 T=512), by 4-85%; the 64-row mma.sync tiles won
-// nowhere. 12 is the middle of that bracket.
+// The GEMM tiles and split-K where no measured table covers the shape: the candidate `moekit tune`
+// would time whose estimate by the cost model (cost_model.hpp: the routing's expected blocks per
+// expert, waves, bytes in flight) is cheapest. It replaced a rule of thresholds (16-row tiles up to
+// 12 rows per expert, then the wgmma kernel; the first compiled config of each): on the H200's
+// table it chooses the measured winner's kernel and block_m at every point but two, where the
+// loser measured 1.4% (Mixtral T=64) and 3.4% (DeepSeek-V3 T=256) slower, and it takes Qwen3
+// T=256 to the 32-row tiles the rule missed by 12.7% (docs/design.md, "The planner's cost model").
 ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& device, Precision precision) {
   detail::expect_shape(shape, "plan_forward");
   detail::expect_shape_precision(shape, precision, "plan_forward");
   detail::expect_hopper(device, "plan_forward");
-  const int64_t rows = shape.tokens * shape.topk;  // rows per expert = rows / E, compared exactly
-  const bool decode = rows <= tuning::kDecodeRowsPerExpert * shape.experts;
-  const GemmKernel kernel = decode ? GemmKernel::mma_sync : GemmKernel::wgmma;
-  const int block_m = decode ? 16 : kernels::gemm::sm90::kBlockM;
-  // The first compiled config of the precision, kernel and block_m that fits (and can be up).
-  auto first = [&](bool up) -> const GemmConfig& {
-    for (const GemmConfig& c : compiled_gemm_configs(precision))
-      if (c.block_m == block_m && c.kernel == kernel &&
-          (!up || tuning::up_config_ok(c)) &&
-          tuning::gemm_smem_bytes(c) <= device.smem_per_block_optin)
-        return c;
-    detail::fail("plan_forward", "device", "no compiled GEMM config fits its shared memory");
-  };
-  const GemmConfig& up = first(true);
-  const GemmConfig& down = first(false);
-  ForwardPlan plan = tuning::plan_with(shape, up, down, tuning::plan_down_splits(shape, down, device),
-                                       device.smem_per_block_optin);
+  const tuning::TileChoice c = tuning::cheapest_tiles(shape, device, precision);
+  ForwardPlan plan = tuning::plan_with(shape, c.up, c.down, c.down_splits, device.smem_per_block_optin);
   plan.source = "heuristic";
   return plan;
 }

@@ -3,6 +3,7 @@
 // alignment, no overlap, 64-bit sizes at a large T, bad buffers and plans named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -143,7 +144,11 @@ TEST(BackwardWorkspace, SizesAre64Bit) {
 }
 
 TEST(BackwardWorkspace, RefusesBadBuffersAndBadPlans) {
-  const BackwardPlan p = plan_backward(plan_forward(MoeShape{256, 2048, 768, 128, 8}, kH200), kH200);
+  // On the wgmma tiles (block_m 128), whatever the planner's choice for the shape: the edits
+  // below include the split-K that a wgmma dx config refuses.
+  const GemmConfig& wgmma = *std::find_if(compiled_gemm_configs().begin(), compiled_gemm_configs().end(),
+                                          [](const GemmConfig& c) { return c.kernel == GemmKernel::wgmma; });
+  const BackwardPlan p = plan_backward(plan_forward_with(MoeShape{256, 2048, 768, 128, 8}, wgmma, wgmma), kH200);
   const size_t bytes = backward_workspace_bytes(p);
   EXPECT_TRUE(throws_naming([&] { carve_backward_workspace(p, nullptr, bytes); }, "base"));
   for (uintptr_t off : {1, 16, 128})

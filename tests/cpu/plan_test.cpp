@@ -11,17 +11,11 @@
 #include "cpu_test_util.hpp"
 #include "moekit/presets.hpp"  // tools/: the layers `moekit bench --preset` knows
 #include "moekit/tuning.hpp"
+#include "tuning/cost_model.hpp"
 #include "tuning/planner.hpp"
 
 namespace moekit::testing {
 namespace {
-
-// The tile rule of plan.cpp, restated: rows per expert T*k/E up to 12 -> 16 (mma.sync), else 128
-// (wgmma).
-int expected_block_m(int64_t T, int64_t k, int64_t E) {
-  const int64_t rows = T * k;  // compare rows/E with 12 exactly, in integers
-  return rows <= 12 * E ? 16 : 128;
-}
 
 const GemmConfig& compiled_with_block_m(int block_m) {
   for (const GemmConfig& c : compiled_gemm_configs())
@@ -29,38 +23,41 @@ const GemmConfig& compiled_with_block_m(int block_m) {
   throw std::logic_error("no compiled config with block_m " + std::to_string(block_m));
 }
 
-// The chooser's pick: the first compiled config of the block_m, on the wgmma kernel for
-// 128-row (prefill) tiles and on the mma.sync kernel otherwise.
-const GemmConfig& chosen_for_block_m(int block_m) {
-  const GemmKernel kernel = block_m == 128 ? GemmKernel::wgmma : GemmKernel::mma_sync;
-  for (const GemmConfig& c : compiled_gemm_configs())
-    if (c.block_m == block_m && c.kernel == kernel) return c;
-  throw std::logic_error("no compiled config with block_m " + std::to_string(block_m));
+// Without a table entry (kH200's name is not the table's), the plan takes the cost model's
+// cheapest candidate (tuning::cheapest_tiles; its own tests: cost_model_test.cpp), one block_m for
+// both GEMMs, and the tiles grow with T: 16-row decode tiles at T = 1, the wgmma kernel for
+// prefill, never back to a smaller block_m as T grows.
+void expect_heuristic_plans(const MoeShape& shape, const DeviceInfo& device, Precision precision, int& last_block_m) {
+  const ForwardPlan plan = plan_forward(shape, device, precision);
+  const tuning::TileChoice c = tuning::cheapest_tiles(shape, device, precision);
+  EXPECT_EQ(plan.source, "heuristic");
+  EXPECT_EQ(plan.up, c.up);
+  EXPECT_EQ(plan.down, c.down);
+  EXPECT_EQ(plan.down_splits, c.down_splits);
+  const int bm = plan.block_m();
+  EXPECT_EQ(plan.up.block_m, bm);
+  EXPECT_EQ(plan.down.block_m, bm);
+  EXPECT_GE(bm, last_block_m) << "a larger T never takes a smaller tile";
+  last_block_m = bm;
+  EXPECT_EQ(plan.max_rows(), worst_case_rows(shape.tokens, shape.topk, shape.experts, bm));
+  EXPECT_EQ(plan.max_rows() % bm, 0);
+  EXPECT_EQ(plan.max_blocks(), plan.max_rows() / bm);
+  EXPECT_EQ(plan.shape.tokens, shape.tokens);
 }
 
-TEST(Plan, BlockMFollowsRowsPerExpertForThePresets) {
-  for (const Preset& p : kPresets) {
-    // T at the boundary (rows per expert exactly 12) and one token past it.
-    const int64_t t12 = 12 * p.E / p.k;
-    for (int64_t T : {int64_t(0), int64_t(1), int64_t(16), t12, t12 + 1, int64_t(1000), int64_t(8192), int64_t(65536)}) {
-      SCOPED_TRACE(::testing::Message() << p.name << " T=" << T);
-      const ForwardPlan plan = plan_forward(shape_of(p, T), kH200);
-      const int bm = expected_block_m(T, p.k, p.E);
-      EXPECT_EQ(plan.block_m(), bm);
-      EXPECT_EQ(plan.up.block_m, bm);
-      EXPECT_EQ(plan.down.block_m, bm);
-      EXPECT_EQ(plan.up, chosen_for_block_m(bm));  // the first compiled one of its kernel family
-      EXPECT_EQ(plan.max_rows(), worst_case_rows(T, p.k, p.E, bm));
-      EXPECT_EQ(plan.max_rows() % bm, 0);
-      EXPECT_EQ(plan.max_blocks(), plan.max_rows() / bm);
-      EXPECT_EQ(plan.shape.tokens, T);
+TEST(Plan, HeuristicTakesTheCostModelsChoiceForThePresets) {
+  for (const Preset& p : kPresets)
+    for (const Precision precision : {Precision::bf16, Precision::fp8}) {
+      int last_block_m = 0;
+      for (int64_t T = 1; T <= 65536; T *= 2) {
+        SCOPED_TRACE(::testing::Message() << p.name << " T=" << T << " " << precision_name(precision));
+        expect_heuristic_plans(shape_of(p, T), kH200, precision, last_block_m);
+        if (T == 1) EXPECT_EQ(last_block_m, 16) << "decode: 16-row tiles";
+        if (T == 65536) EXPECT_EQ(plan_forward(shape_of(p, T), kH200, precision).up.kernel, GemmKernel::wgmma);
+      }
     }
-  }
-  // The boundary by hand: Mixtral (E 8, k 2) has 12 rows per expert at T 48.
-  const Preset& mixtral = kPresets[0];
-  EXPECT_EQ(plan_forward(shape_of(mixtral, 48), kH200).block_m(), 16);
-  EXPECT_EQ(plan_forward(shape_of(mixtral, 49), kH200).block_m(), 128);
-  EXPECT_EQ(plan_forward(shape_of(mixtral, 49), kH200).up.kernel, GemmKernel::wgmma);
+  // T = 0 plans (an empty batch is valid) on the smallest tiles.
+  EXPECT_EQ(plan_forward(shape_of(kPresets[0], 0), kH200).block_m(), 16);
 }
 
 // The models beyond the presets (issue: any model shape, with no table entry) at every T of the
@@ -82,13 +79,13 @@ TEST(Plan, ModelsBeyondThePresetsArePlannedByTheHeuristicAtEveryT) {
     f_not_256 |= m.inter % 256 != 0;
     ks.insert(m.topk);
     auto shape_at = [&](int64_t T) { return MoeShape{T, m.hidden, m.inter, m.experts, m.topk}; };
-    for (const Precision precision : {Precision::bf16, Precision::fp8})
+    for (const Precision precision : {Precision::bf16, Precision::fp8}) {
+      int last_block_m = 0;
       for (int64_t T = 1; T <= 16384; T *= 2) {
         SCOPED_TRACE(::testing::Message() << l.spec.name << " T=" << T << (precision == Precision::fp8 ? " fp8" : " bf16"));
         const ForwardPlan plan = plan_forward(shape_at(T), h200, precision);
-        EXPECT_EQ(plan.source, "heuristic");
         EXPECT_EQ(plan.precision(), precision);
-        EXPECT_EQ(plan.block_m(), expected_block_m(T, m.topk, m.experts));
+        expect_heuristic_plans(shape_at(T), h200, precision, last_block_m);
         EXPECT_LE(tuning::gemm_smem_bytes(plan.up), h200.smem_per_block_optin);
         EXPECT_LE(tuning::gemm_smem_bytes(plan.down), h200.smem_per_block_optin);
         EXPECT_GT(workspace_bytes(plan), size_t(0));
@@ -98,6 +95,7 @@ TEST(Plan, ModelsBeyondThePresetsArePlannedByTheHeuristicAtEveryT) {
         for (const tuning::TileChoice& c : cands)
           EXPECT_NO_THROW(tuning::plan_with(shape_at(T), c.up, c.down, c.down_splits, h200.smem_per_block_optin));
       }
+    }
   }
   EXPECT_TRUE(e_not_pow2 && h_not_128 && f_not_256);
   EXPECT_EQ(ks, (std::set<int64_t>{1, 2, 4, 6, 8}));

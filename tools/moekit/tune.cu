@@ -111,7 +111,7 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
     append_candidate_line(args.candidates, {shape.hidden, shape.inter, shape.experts, shape.topk, T, precision_name(precision),
                                             c.up.str(), c.down.str(), c.down_splits, i == 0, outcome, ms,
                                             experts.prepared() ? std::optional<double>(experts.read_ms()) : std::nullopt,
-                                            std::move(note)});
+                                            tuning::model_estimate_us(shape, c, cx.dev, precision) / 1000, std::move(note)});
   };
 
   for (int i = 0; i < n; ++i) {
@@ -185,7 +185,8 @@ TokensResult tune_tokens(const TuneContext& cx, int64_t T) {
         continue;
       }
       const bool is_best = !best || ms < best_ms;
-      std::printf("%s: %.4f ms, %.0f%% of read%s\n", head().c_str(), ms, 100.0 * experts.read_ms() / ms, is_best ? " (best so far)" : "");
+      std::printf("%s: %.4f ms, %.0f%% of read, model %.4f ms%s\n", head().c_str(), ms, 100.0 * experts.read_ms() / ms,
+                  tuning::model_estimate_us(shape, c, cx.dev, precision) / 1000, is_best ? " (best so far)" : "");
       line(i, "timed", ms);
       if (i == 0) heuristic_ms = ms;
       if (is_best) {

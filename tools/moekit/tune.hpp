@@ -38,6 +38,7 @@ struct CandidateLine {
   std::string outcome;          // timed | screened | check_failed | determinism_failed | skipped
   std::optional<double> ms;     // timed: median of --steps; screened: of the screen's steps
   std::optional<double> read_ms;  // streaming read of the touched weights at this T
+  double model_ms = 0;          // the planner's cost model's estimate (tuning::model_estimate_us)
   std::string note;             // why it was skipped, or the failed check's summary
 };
 void append_candidate_line(const std::string& path, const CandidateLine& line);

@@ -114,6 +114,7 @@ void append_candidate_line(const std::string& path, const CandidateLine& c) {
   e["outcome"] = c.outcome;
   e["ms"] = c.ms ? json(*c.ms) : json(nullptr);
   e["read_ms"] = c.read_ms ? json(*c.read_ms) : json(nullptr);
+  e["model_ms"] = c.model_ms;
   e["note"] = c.note;
   std::ofstream f(path, std::ios::app);
   f << e.dump() << '\n';
