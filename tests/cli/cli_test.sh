@@ -65,8 +65,18 @@ expect 3 "^--topk: expected a whole number in \[1, 16\], got 0" check --cpu --to
 expect 3 "--hidden: check --cpu runs H up to 1024" check --cpu --hidden 4096
 expect 0 "oracle OK" check --cpu --tokens 5
 expect 0 "oracle OK" check --cpu --tokens 3 --experts 16 --topk 4 --hidden 128 --inter 64
+# plan: no GPU needed with a described device. On the H200's name the table plans the presets; on
+# the H100's (no table) the cost model does (its choice is listed even when past --top: it takes
+# the earliest compiled candidate within 3% of the cheapest).
+expect 0 "T=256 .*table:configs/nvidia-h200.json" plan --device h200 --preset qwen3-30b-a3b --tokens 256
+expect 0 "^ +[0-9]+\. model +[0-9.]+ ms +up m32n64k128w1x4s[34] .*<- planned" plan --device h100 --preset qwen3-30b-a3b --tokens 256
+expect 0 "up fp8-m16n256k256w1x8s3 .*<- planned" plan --device h100 --preset deepseek-v3 --dtype fp8 --tokens 16
+expect 0 "T=16384 .*wgmma" plan --device h100 --preset llama4-scout --tokens 1,16384 --top 1
+expect 3 "^--device: .*nope" plan --device nope
+expect 3 "^moekit: error: --hidden: H must be a positive multiple of 8" plan --hidden 100
+expect 3 "^--top: expected a whole number in \[0, 1000\], got -1" plan --top -1
 # Exit codes in every command's --help.
-for cmd in bench check tune; do expect 0 "Exit codes: 0 ok; 1 .*; 2 .*; 3 bad command line" "$cmd" --help; done
+for cmd in bench check tune plan; do expect 0 "Exit codes: 0 ok; 1 .*; 2 .*; 3 bad command line" "$cmd" --help; done
 expect 0 "--candidates TEXT +also append one JSON line per candidate" tune --help
 expect 0 "^ +--backward +time the bf16 backward" bench --help
 # check without a GPU and without --cpu: one line, exit 2 (a GPU machine runs the check instead).
@@ -75,6 +85,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 else
   expect 2 "^moekit check: no Hopper GPU .*moekit check --cpu" check
   expect 2 "^moekit bench --backward needs an NVIDIA Hopper GPU" bench --backward --preset qwen3-30b-a3b
+  expect 2 "^moekit plan --device current needs an NVIDIA Hopper GPU" plan --device current
   # Every layer --preset names (its list from the tool's own refusal of an unknown one), the models
   # beyond the presets among them, is one the options accept (fp8 too): the GPU is the only refusal.
   layers=$("$MOEKIT" bench --preset nope 2>&1 | sed -n "s/.*expected one of //p" | tr -d ',')

@@ -20,6 +20,7 @@
 #include "bench.hpp"
 #include "cli_checks.hpp"
 #include "exit_codes.hpp"
+#include "plan_cmd.hpp"
 #include "report.hpp"
 #include "tune.hpp"
 
@@ -152,7 +153,27 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "fp8"}))
       ->capture_default_str();
 
-  for (CLI::App* cmd : {&app, bench_cmd, check_cmd, tune_cmd}) cmd->footer(moekit::cli::kExitCodesHelp);
+  moekit::cli::PlanArgs plan;
+  CLI::App* plan_cmd = app.add_subcommand(
+      "plan", "print what the planner chooses for a layer at each T, and its cost model's ranking of the tile "
+              "candidates (no GPU needed with a described --device)");
+  add_layer_options(plan_cmd, plan.layer, true);
+  plan_cmd->add_option("--tokens", plan.tokens, "token counts T, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(whole_number(1, moekit::cli::kMaxTokensFlag));
+  plan_cmd->add_option("--dtype", plan.dtype, "expert weights: bf16 or fp8")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
+  plan_cmd->add_option("--device", plan.device,
+                       "h200 or h100 (the GPUs of the runs of record, described: the H200's tables apply), or current")
+      ->check(CLI::IsMember({"h200", "h100", "current"}))
+      ->capture_default_str();
+  plan_cmd->add_option("--top", plan.top, "candidates listed per T, cheapest by the model first")
+      ->capture_default_str()
+      ->check(whole_number(0, 1000));
+
+  for (CLI::App* cmd : {&app, bench_cmd, check_cmd, tune_cmd, plan_cmd}) cmd->footer(moekit::cli::kExitCodesHelp);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -170,6 +191,7 @@ int main(int argc, char** argv) {
     if (bench_cmd->parsed()) moekit::cli::check_bench_mode(bench);
     if (bench_cmd->parsed()) check_layer(moekit::cli::resolve_layer(bench.layer), bench.dtype, bench.tokens);
     if (tune_cmd->parsed()) check_layer(moekit::cli::resolve_layer(tune.layer), tune.dtype, tune.tokens);
+    if (plan_cmd->parsed()) check_layer(moekit::cli::resolve_layer(plan.layer), plan.dtype, plan.tokens);
     if (check_cmd->parsed() && check.cpu) {
       const moekit::cli::LayerSpec preset = moekit::cli::resolve_layer(check.layer);
       moekit::cli::check_cpu_layer(check.layer, preset);
@@ -186,6 +208,7 @@ int main(int argc, char** argv) {
       return bench.dtype == "fp8" ? moekit::cli::run_bench_fp8(bench, command) : moekit::cli::run_bench(bench, command);
     if (check_cmd->parsed()) return moekit::cli::run_check(check);
     if (tune_cmd->parsed()) return moekit::cli::run_tune(tune, command);
+    if (plan_cmd->parsed()) return moekit::cli::run_plan(plan);
   } catch (const moekit::cli::UsageError& e) {
     std::fprintf(stderr, "moekit: error: %s\nRun with --help for more information.\n", e.what());
     return moekit::cli::kExitUsage;
