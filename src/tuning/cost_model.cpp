@@ -1,9 +1,10 @@
 // cost_model.cpp — the planner's estimate of a tile choice's time (cost_model.hpp): the expected
 // blocks of a uniform random routing, then per GEMM a memory time (the touched experts' weights
 // from HBM at the bandwidth the CTAs in flight can pull, plus the re-reads of an expert's weights
-// by its further blocks at L2 bandwidth) and a math time (the padded rows' FLOPs at the kernel's
-// rate over its whole waves), combined as a p-norm (the larger where the other is small, more
-// where they are close), plus a fixed cost per wave of work items and per launch.
+// by its further blocks at L2 bandwidth) and a math time (the rows the tensor cores compute at the
+// kernel's rate, on the share of the SMs the grid fills), combined as a p-norm (the larger where
+// the other is small, more where they are close), plus a fixed cost per wave of work items and
+// per launch.
 #include "tuning/cost_model.hpp"
 
 #include <algorithm>
@@ -57,7 +58,6 @@ namespace {
 // One GEMM of the layer as the model sees it.
 struct GemmCost {
   double weight_bytes_per_expert;  // B of one expert (w13 for up, w2 for down)
-  double k;                        // reduction length
   double flops_per_row;            // of one row of A (a block's padding rows count: they are computed)
   int64_t tiles;                   // column tiles a block has
   double in_bytes, out_bytes;      // A rows gathered and rows written, once each, through HBM
@@ -70,7 +70,8 @@ double gemm_us(const GemmCost& g, const GemmConfig& c, bool up, int splits, cons
   const bool fp8 = c.precision == Precision::fp8;
   const double weight_elem = fp8 ? 1.0 : 2.0;
   const double items = b.blocks * double(g.tiles) * splits;
-  const double slots = double(device.sm_count) * ctas_per_sm(c, up, device);
+  if (!(items > 0)) return m.launch_us;  // no rows (T = 0): the launch alone
+  const double slots = double(std::max(1, device.sm_count)) * ctas_per_sm(c, up, device);
   const double waves = std::max(1.0, std::ceil(items / slots));
   // Bytes in flight: a CTA keeps its pipeline's B stages loading (the mma.sync loader one stage
   // short of the ring, the wgmma producer the whole ring), so it pulls at most that much per
@@ -96,9 +97,6 @@ double gemm_us(const GemmCost& g, const GemmConfig& c, bool up, int splits, cons
   return t + waves * item_us + m.launch_us;
 }
 
-}  // namespace
-
-namespace {
 // The estimate with the routing's expected blocks given (cheapest_tiles computes them once a
 // block_m): `b` for the choice's block_m, `math_rows` the rows its tensor cores compute.
 double estimate_given(const MoeShape& s, const TileChoice& choice, const DeviceInfo& device, Precision precision,
@@ -106,11 +104,11 @@ double estimate_given(const MoeShape& s, const TileChoice& choice, const DeviceI
   const double H = double(s.hidden), F = double(s.inter), A = double(s.tokens * s.topk);
   const double w = precision == Precision::fp8 ? 1.0 : 2.0;  // weight and activation element bytes
   const int64_t up_cols = std::max(1, choice.up.block_n / 2), down_cols = choice.down.block_n;
-  const GemmCost up{2 * F * H * w, H, 2 * 2 * F * H, (s.inter + up_cols - 1) / up_cols, double(s.tokens) * H * w, A * F * w};
+  const GemmCost up{2 * F * H * w, 2 * 2 * F * H, (s.inter + up_cols - 1) / up_cols, double(s.tokens) * H * w, A * F * w};
   const int splits = choice.down_splits;
   // Down writes bf16 rows, or with split-K FP32 partials that the combine reads back.
   const double down_out = splits > 1 ? 2 * splits * A * H * 4 : A * H * 2;
-  const GemmCost down{H * F * w, F, 2 * H * F, (s.hidden + down_cols - 1) / down_cols, A * F * w, down_out};
+  const GemmCost down{H * F * w, 2 * H * F, (s.hidden + down_cols - 1) / down_cols, A * F * w, down_out};
   return gemm_us(up, choice.up, true, 1, b, math_rows, device, m) +
          gemm_us(down, choice.down, false, splits, b, math_rows, device, m);
 }
