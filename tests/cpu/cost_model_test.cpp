@@ -143,6 +143,11 @@ TEST(CostModel, EstimateFollowsWhatItModels) {
     return tuning::estimate_experts_us(mixtral, tuning::cheapest_tiles(mixtral, kH200, p), kH200, p);
   };
   EXPECT_LT(best_us(Precision::fp8), 0.65 * best_us(Precision::bf16));
+  // No tokens: two launches, a finite estimate for every candidate (an empty batch plans).
+  MoeShape none = mixtral;
+  none.tokens = 0;
+  for (const TileChoice& c : tuning::tune_candidates(none, kH200, Precision::bf16))
+    EXPECT_DOUBLE_EQ(tuning::estimate_experts_us(none, c, kH200, Precision::bf16), 2 * m.launch_us) << c.up.str();
 }
 
 // The choices at the points `moekit tune` measured on the H200 (configs/nvidia-h200.json; the
