@@ -42,41 +42,41 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
   }
 #pragma unroll
   for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
-  // COUNTER-EXPERIMENT (wrong sums: no promotion, scales ignored): the bf16 mainloop's shape,
-  // 4 x m64n256k32 a stage, one group in flight while the previous stage is released. The sums
-  // are unscaled e4m3 products (|g| ~ 1e6), so the up epilogue reads its gates times 2^-18 to
-  // keep them inside SiLU's fast range (|g| <= 64): unscaled, every SiLU took the exact fallback
-  // and the up row measured that (docs/perf/NOTES.md, "FP8", Split).
-  uint32_t prev_stage = 0;
+  float part[kHalfAccs];
   for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
     const uint32_t stage = pipe.stage;
     ptx::mbar_wait(sm.full(stage), pipe.phase);
     __syncwarp();
+    // A rows that landed through cp.async are read by wgmma through the async proxy.
     if constexpr (!kTmaA) ptx::fence_proxy_async_smem();
+    const uint32_t sc = sm.scales(stage);
+    const float sa[2] = {ptx::ld_shared_f32(sc + uint32_t(rows[0]) * 4), ptx::ld_shared_f32(sc + uint32_t(rows[1]) * 4)};
+    const float sb[2] = {ptx::ld_shared_f32(sc + Cfg::kScaleB * 4), ptx::ld_shared_f32(sc + (Cfg::kScaleB + 1) * 4)};
     const uint64_t desc_a = desc_advance(desc_a0, stage * Cfg::kABytes);
     const uint64_t desc_b = desc_advance(desc_b0, stage * Cfg::kBBytes);
-    ptx::fence_operands(acc);
-    ptx::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk)
-      ptx::wgmma_m64n256k32_e4m3(acc, desc_advance(desc_a, uint32_t(kk * 32)), desc_advance(desc_b, uint32_t(kk * 32)),
-                                 kt > 0 || kk > 0);
-    ptx::wgmma_commit();
-    if (kt > 0) {
-      ptx::wgmma_wait<1>();
-      ptx::fence_operands(acc);
-      __syncwarp();
-      if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
-    } else {
-      after_first_step();
+    for (int half = 0; half < 2; ++half) {
+      ptx::fence_operands(part);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
+        const uint32_t k_bytes = uint32_t(kk * 32);  // 32 e4m3 per wgmma along the 128-byte row
+        ptx::wgmma_m64n128k32_e4m3(part, desc_advance(desc_a, k_bytes),
+                                   desc_advance(desc_b, half * kHalfBBytes + k_bytes), kk > 0);
+      }
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+      ptx::fence_operands(part);
+      if (half == 1) {  // both halves read the stage
+        __syncwarp();     // every lane's scale loads of the stage before lane 0 releases it
+        if (lane == 0) ptx::mbar_arrive(sm.empty(stage));
+      }
+      const float s0 = sa[0] * sb[half], s1 = sa[1] * sb[half];
+#pragma unroll
+      for (int v = 0; v < kHalfAccs; ++v) acc[half * kHalfAccs + v] += part[v] * ((v & 2) ? s1 : s0);
     }
-    prev_stage = stage;
+    if (kt == 0) after_first_step();
   }
-  ptx::wgmma_wait<0>();
-  ptx::fence_operands(acc);
-  __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
-  (void)rows;
 }
 
 // Up, FP8: act = silu(g)·u in FP32; the tile's 128 act columns are one quantization group per
@@ -97,8 +97,7 @@ struct Fp8UpEpilogue {
     for (int g = 0; g < 4; ++g) {
       float gate[8], silu[8];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)  // COUNTER-EXPERIMENT: the unscaled sums brought into SiLU's fast range
-        gate[2 * i] = acc[epi_acc(g, i, h)] * 0x1p-18f, gate[2 * i + 1] = acc[epi_acc(g, i, h) + 1] * 0x1p-18f;
+      for (int i = 0; i < 4; ++i) gate[2 * i] = acc[epi_acc(g, i, h)], gate[2 * i + 1] = acc[epi_acc(g, i, h) + 1];
       dev::silu_group(gate, silu);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
