@@ -16,6 +16,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "bench.hpp"
 #include "cli_checks.hpp"
@@ -34,6 +35,19 @@ std::string preset_list() {
   for (const std::string& n : moekit::cli::layer_names(true)) s += (s.empty() ? "" : "|") + n;
   for (const std::string& n : moekit::cli::layer_names(false)) m += (m.empty() ? "" : "|") + n;
   return s + " (tuned), or a public model with no table entry: " + m;
+}
+
+// --tokens T,T,... of bench, tune and plan: each a whole number a shape can hold.
+void add_tokens_option(CLI::App* cmd, std::vector<int64_t>& tokens, const std::string& help) {
+  cmd->add_option("--tokens", tokens, help)
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(whole_number(1, moekit::cli::kMaxTokensFlag));
+}
+
+// --dtype bf16|fp8 of bench, tune and plan.
+void add_dtype_option(CLI::App* cmd, std::string& dtype, const std::string& help) {
+  cmd->add_option("--dtype", dtype, help)->check(CLI::IsMember({"bf16", "fp8"}))->capture_default_str();
 }
 
 void add_layer_options(CLI::App* cmd, LayerArgs& a, bool full) {
@@ -67,10 +81,7 @@ int main(int argc, char** argv) {
   CLI::App* bench_cmd = app.add_subcommand(
       "bench", "check, then time every stage of the layer against ceilings and cuBLAS baselines (needs a Hopper GPU)");
   add_layer_options(bench_cmd, bench.layer, true);
-  bench_cmd->add_option("--tokens", bench.tokens, "token counts T, comma-separated")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(whole_number(1, moekit::cli::kMaxTokensFlag));
+  add_tokens_option(bench_cmd, bench.tokens, "token counts T, comma-separated");
   bench_cmd->add_option("--steps", bench.steps, "timed iterations (median reported)")
       ->capture_default_str()
       ->check(whole_number(1, moekit::cli::kMaxStepsFlag));
@@ -83,9 +94,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--csv", bench.csv, "write the rows to this CSV file (the --json rows' fields, one line each)");
   bench_cmd->add_option("--seed", bench.seed, "seed of every random input")->capture_default_str();
   bench_cmd->add_flag("--no-baselines", bench.no_baselines, "skip the cuBLAS baselines");
-  bench_cmd->add_option("--dtype", bench.dtype, "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales)")
-      ->check(CLI::IsMember({"bf16", "fp8"}))
-      ->capture_default_str();
+  add_dtype_option(bench_cmd, bench.dtype, "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales)");
   bench_cmd->add_option("--check-tokens", bench.check_tokens, "tokens the oracle checks before timing")
       ->capture_default_str()
       ->check(whole_number(1, 1 << 20));
@@ -125,10 +134,7 @@ int main(int argc, char** argv) {
       "tune", "time every compiled tile config per T (each checked against the oracle first) and write the fastest "
               "to the device's table in configs/ (needs a Hopper GPU)");
   add_layer_options(tune_cmd, tune.layer, true);
-  tune_cmd->add_option("--tokens", tune.tokens, "token counts T, comma-separated (each one bucket of the table)")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(whole_number(1, moekit::cli::kMaxTokensFlag));
+  add_tokens_option(tune_cmd, tune.tokens, "token counts T, comma-separated (each one bucket of the table)");
   tune_cmd->add_option("--steps", tune.steps, "timed iterations per candidate (median kept)")
       ->capture_default_str()
       ->check(whole_number(1, moekit::cli::kMaxStepsFlag));
@@ -147,24 +153,17 @@ int main(int argc, char** argv) {
   tune_cmd->add_option("--candidates", tune.candidates,
                        "also append one JSON line per candidate and T to this file (its configs, outcome and time: "
                        "the data a cost model of the kernels is fitted to)");
-  tune_cmd->add_option("--dtype", tune.dtype,
-                       "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales); each precision "
-                       "has buckets of its own in the table")
-      ->check(CLI::IsMember({"bf16", "fp8"}))
-      ->capture_default_str();
+  add_dtype_option(tune_cmd, tune.dtype,
+                   "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales); each precision has "
+                   "buckets of its own in the table");
 
   moekit::cli::PlanArgs plan;
   CLI::App* plan_cmd = app.add_subcommand(
       "plan", "print what the planner chooses for a layer at each T, and its cost model's ranking of the tile "
               "candidates (no GPU needed with a described --device)");
   add_layer_options(plan_cmd, plan.layer, true);
-  plan_cmd->add_option("--tokens", plan.tokens, "token counts T, comma-separated")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(whole_number(1, moekit::cli::kMaxTokensFlag));
-  plan_cmd->add_option("--dtype", plan.dtype, "expert weights: bf16 or fp8")
-      ->check(CLI::IsMember({"bf16", "fp8"}))
-      ->capture_default_str();
+  add_tokens_option(plan_cmd, plan.tokens, "token counts T, comma-separated");
+  add_dtype_option(plan_cmd, plan.dtype, "expert weights: bf16 or fp8");
   plan_cmd->add_option("--device", plan.device,
                        "h200 or h100 (the GPUs of the runs of record, described: the H200's tables apply), or current")
       ->check(CLI::IsMember({"h200", "h100", "current"}))

@@ -45,6 +45,21 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+// A 4-D tensor map of 2-byte elements (FP8 rows in 2-byte units: gemm/params.hpp) with the 128-byte
+// swizzle wgmma reads and zeros outside the tensor; `what` names the operand in the error.
+CUtensorMap encode_map(const void* base, const cuuint64_t (&dims)[4], const cuuint64_t (&strides)[3],
+                       const cuuint32_t (&box)[4], const std::string& what) {
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map{};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims,
+                                          strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw CudaError("sm90 expert GEMM: cuTensorMapEncodeTiled " + what + " failed with CUresult " + std::to_string(int(r)));
+  return map;
+}
+
 // The weights as a 4-D tensor (K innermost, but for Dx and DGrad): Up (and UpH) w13 [E][2][F][H] viewed as (H, F, 2, E), so one
 // box of (64, BN/2, 2, 1) brings BN/2 gate rows and the same BN/2 up rows, gate first; Down w2
 // [E][H][F] as (F, H, 1, E) with boxes (64, BN, 1, 1). Rows past F (or H) and K past k_dim are
@@ -61,17 +76,9 @@ CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n)
                                  cuuint64_t(p.b_expert_stride) * 2};  // bytes of dims 1..3
   const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), n_major ? cuuint32_t(sm90::kBlockK) : cuuint32_t(block_n / halves),
                              cuuint32_t(halves), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  CUtensorMap map{};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(p.b),
-                                          dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw CudaError("sm90 expert GEMM: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) +
-                    " (dims " + std::to_string(p.k_dim) + "x" + std::to_string(p.n_dim) + "x" +
-                    std::to_string(halves) + "x" + std::to_string(experts) + ")");
-  return map;
+  return encode_map(p.b, dims, strides, box,
+                    "of B (dims " + std::to_string(p.k_dim) + "x" + std::to_string(p.n_dim) + "x" +
+                        std::to_string(halves) + "x" + std::to_string(experts) + ")");
 }
 
 // A by TMA (sm90/producer.cuh, tma_a: the FP8 down GEMM): act [rows][F] e4m3 in 2-byte units
@@ -82,16 +89,8 @@ CUtensorMap make_a_map(const Params& p, int64_t rows) {
   const cuuint64_t row_bytes = cuuint64_t(p.k_dim) * 2;
   const cuuint64_t strides[3] = {row_bytes, row_bytes * cuuint64_t(rows), row_bytes * cuuint64_t(rows)};
   const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), cuuint32_t(sm90::kBlockM), 1, 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  CUtensorMap map{};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<__nv_bfloat16*>(p.a),
-                                          dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw CudaError("sm90 expert GEMM: cuTensorMapEncodeTiled of A failed with CUresult " + std::to_string(int(r)) +
-                    " (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes)");
-  return map;
+  return encode_map(p.a, dims, strides, box,
+                    "of A (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes)");
 }
 
 // Once per kernel and device: raise its shared-memory limit; returns the SMs, one CTA each (the
