@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -127,7 +128,15 @@ double estimate_experts_us(const MoeShape& s, const TileChoice& choice, const De
   return estimate_given(s, choice, device, precision, m, b, math_rows_of(s, choice.up, b));
 }
 
+// The public entry: its arguments checked as plan_forward_with checks a choice, and the device as
+// plan_forward does; the estimate itself assumes them (cheapest_tiles' candidates are valid).
 double model_estimate_us(const MoeShape& shape, const TileChoice& choice, const DeviceInfo& device, Precision precision) {
+  constexpr const char* kEntry = "model_estimate_us";
+  expect_tile_choice(shape, choice.up, choice.down, choice.down_splits, kEntry);
+  detail::expect_hopper(device, kEntry);
+  if (choice.up.precision != precision)
+    detail::fail(kEntry, "precision", std::string("the choice's configs are ") + precision_name(choice.up.precision) +
+                                          ", the argument says " + precision_name(precision));
   return estimate_experts_us(shape, choice, device, precision);
 }
 

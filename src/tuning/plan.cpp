@@ -38,30 +38,35 @@ std::string ForwardPlan::str() const {
          " align=" + tuning::to_string(align) + (save_h ? " save_h" : "") + " source=" + source;
 }
 
-ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,
-                              int64_t smem_per_block_optin) {
-  detail::expect_shape(shape, "plan_forward");
+void tuning::expect_tile_choice(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,
+                                const char* entry) {
+  detail::expect_shape(shape, entry);
   const auto& compiled = compiled_gemm_configs(up.precision);
   if (std::find(compiled.begin(), compiled.end(), up) == compiled.end())
-    detail::fail("plan_forward", "up", "config " + up.str() + " is not compiled (see src/gemm/configs.hpp)");
+    detail::fail(entry, "up", "config " + up.str() + " is not compiled (see src/gemm/configs.hpp)");
   if (std::find(compiled.begin(), compiled.end(), down) == compiled.end())
-    detail::fail("plan_forward", "down", "config " + down.str() + " is not compiled (see src/gemm/configs.hpp)");
+    detail::fail(entry, "down", "config " + down.str() + " is not compiled (see src/gemm/configs.hpp)");
   if (up.block_m != down.block_m)
-    detail::fail("plan_forward", "down", "block_m must equal the up config's: both GEMMs read one aligned layout");
+    detail::fail(entry, "down", "block_m must equal the up config's: both GEMMs read one aligned layout");
   if (up.precision != down.precision)
-    detail::fail("plan_forward", "down", "precision must equal the up config's (" + std::string(precision_name(up.precision)) + ")");
+    detail::fail(entry, "down", "precision must equal the up config's (" + std::string(precision_name(up.precision)) + ")");
   if (!tuning::up_config_ok(up))
-    detail::fail("plan_forward", "up",
+    detail::fail(entry, "up",
                  "an fp8 up config needs block_n " + std::to_string(2 * kFp8Block) +
                      ", or for mma.sync 128, 64 or 32 (its epilogue quantizes whole 128-column groups of act, "
                      "alone or as a cluster), got " + up.str());
-  detail::expect_shape_precision(shape, up.precision, "plan_forward");
+  detail::expect_shape_precision(shape, up.precision, entry);
   if (down_splits < 1 || down_splits > kMaxDownSplits)
-    detail::fail("plan_forward", "down_splits",
+    detail::fail(entry, "down_splits",
                  "must be in [1, " + std::to_string(kMaxDownSplits) + "], got " + std::to_string(down_splits));
   if (down_splits > 1 && down.kernel != GemmKernel::mma_sync)
-    detail::fail("plan_forward", "down_splits",
+    detail::fail(entry, "down_splits",
                  "split-K is a decode technique of the mma.sync kernel; " + down.str() + " has none");
+}
+
+ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,
+                              int64_t smem_per_block_optin) {
+  expect_tile_choice(shape, up, down, down_splits, "plan_forward");
   ForwardPlan plan;
   plan.shape = shape;
   plan.up = up;

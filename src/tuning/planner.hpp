@@ -37,6 +37,11 @@ AlignKernel plan_align(int64_t assignments);
 // Splits of the down GEMM's K for a decode config (1: none).
 int plan_down_splits(const MoeShape& shape, const GemmConfig& down, const DeviceInfo& device);
 
+// The checks of a tile choice for `shape` (each failure names `entry` and the argument): both
+// configs compiled, of one precision and block_m, an FP8 up tile that covers whole act groups, the
+// shape's multiples for that precision, split-K in range and only on an mma.sync down config.
+void expect_tile_choice(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,
+                        const char* entry);
 // A plan with the given GEMM configs (checked as plan_forward_with documents) and the router's and
 // align's kernels for its shape, sized with `smem_per_block_optin`.
 ForwardPlan plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,

@@ -250,5 +250,33 @@ TEST(CostModel, RefusesADeviceWithoutRoom) {
                             "device"));
 }
 
+// The public estimate (tuning::model_estimate_us) checks its arguments as plan_forward_with and
+// plan_forward do, each error naming the entry and the argument.
+TEST(CostModel, PublicEstimateNamesBadArguments) {
+  const MoeShape s{16, 4096, 14336, 8, 2};
+  const TileChoice ok = choice("m16n64k128w1x4s4", "m16n64k128w1x4s4");
+  EXPECT_GT(tuning::model_estimate_us(s, ok, kH200, Precision::bf16), 0.0);
+  auto names = [&](auto&& call, const char* arg) -> ::testing::AssertionResult {
+    const ::testing::AssertionResult named = throws_naming(call, arg);
+    if (!named) return named;
+    try {
+      call();
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("model_estimate_us") == std::string::npos)
+        return ::testing::AssertionFailure() << "the entry is not named: " << e.what();
+    }
+    return ::testing::AssertionSuccess();
+  };
+  EXPECT_TRUE(names([&] { tuning::model_estimate_us({16, 100, 14336, 8, 2}, ok, kH200, Precision::bf16); }, "shape.hidden"));
+  EXPECT_TRUE(names([&] { tuning::model_estimate_us(s, choice("m16n64k128w1x4s4", "m32n64k128w1x4s4"), kH200, Precision::bf16); },
+                    "down"));
+  EXPECT_TRUE(names([&] { tuning::model_estimate_us(s, choice("m16n64k128w1x4s4", "m16n64k128w1x4s4", 16), kH200, Precision::bf16); },
+                    "down_splits"));
+  EXPECT_TRUE(names([&] { tuning::model_estimate_us(s, ok, kH200, Precision::fp8); }, "precision"));
+  DeviceInfo ampere = kH200;
+  ampere.cc_major = 8;
+  EXPECT_TRUE(names([&] { tuning::model_estimate_us(s, ok, ampere, Precision::bf16); }, "device"));
+}
+
 }  // namespace
 }  // namespace moekit::testing
