@@ -9,8 +9,8 @@
 // values, the range test is done once for the group, and the exact canon::silu redoes the group
 // only when a value is outside |x| in [2^-64, 64]. Zero is outside it (the fast path turns -0
 // into +0): a caller must not feed the accumulators of padding rows, which the zero-filled A rows
-// make exactly zero, or those groups take the slow path. The GEMM epilogues still do for padding
-// rows (docs/perf/NOTES.md, "Known gaps": a constant for rows never stored is the fix).
+// make exactly zero, or those groups take the slow path. The Up epilogues that compute SiLU for
+// every row give a padding row (never stored) a gate of 1 instead.
 //
 // Why the range suffices: d = 1 + expf(-x) lies in [1, 1 + e^64 ~ 6.3e27] (normal), the quotient
 // |x| / d >= min(2^-65, 64 / 6.3e27) is normal, and the residual is an exact fma; so no step

@@ -185,9 +185,12 @@ struct Fp8UpEpilogue : EpilogueRows<Mode::Up, Cfg> {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         amax[i][h] = 0.0f;
+        // A padding row (never stored; its sums are exact zeros) takes a gate of 1: zero is outside
+        // SiLU's fast range, and the exact fallback is a branch its whole warp would wait for.
+        const bool row_ok = ids[i][h] < p.num_assign;
 #pragma unroll
         for (int f = 0; f < NG; ++f) {
-          const float gate[2] = {acc[i][f][2 * h], acc[i][f][2 * h + 1]};
+          const float gate[2] = {row_ok ? acc[i][f][2 * h] : 1.0f, row_ok ? acc[i][f][2 * h + 1] : 1.0f};
           float silu[2];
           dev::silu_group(gate, silu);
 #pragma unroll

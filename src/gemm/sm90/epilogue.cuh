@@ -52,10 +52,15 @@ struct Epilogue<Mode::Up, Cfg> {
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
-    store_row_groups<kOutBlocks>(p, id < p.num_assign, out_row, n0, lane, [&](int g, uint32_t(&x)[4]) {
+    const bool row_ok = id < p.num_assign;
+    store_row_groups<kOutBlocks>(p, row_ok, out_row, n0, lane, [&](int g, uint32_t(&x)[4]) {
       float gate[8], silu[8];  // the 8 gate values of this group, their SiLUs as one group
+      // A padding row (never stored; its sums are exact zeros, or stale in a warpgroup with no
+      // real row) takes a gate of 1: zero is outside SiLU's fast range, and the exact fallback is
+      // a branch its whole warp would wait for (common/silu.cuh).
 #pragma unroll
-      for (int i = 0; i < 4; ++i) gate[2 * i] = acc[epi_acc(g, i, h)], gate[2 * i + 1] = acc[epi_acc(g, i, h) + 1];
+      for (int i = 0; i < 4; ++i)
+        gate[2 * i] = row_ok ? acc[epi_acc(g, i, h)] : 1.0f, gate[2 * i + 1] = row_ok ? acc[epi_acc(g, i, h) + 1] : 1.0f;
       dev::silu_group(gate, silu);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {

@@ -91,13 +91,17 @@ struct Fp8UpEpilogue {
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
     const int q = lane & 3;
+    const bool row_ok = id < p.num_assign;
     float act[32];  // blocks 4g + i (g, i < 4), columns 2q, 2q + 1: act[8g + 2i + c]
     float amax = 0.0f;
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
       float gate[8], silu[8];
+      // A padding row (never stored) takes a gate of 1: its zero sums would leave SiLU's fast
+      // range for the exact fallback, a branch the whole warp waits for (common/silu.cuh).
 #pragma unroll
-      for (int i = 0; i < 4; ++i) gate[2 * i] = acc[epi_acc(g, i, h)], gate[2 * i + 1] = acc[epi_acc(g, i, h) + 1];
+      for (int i = 0; i < 4; ++i)
+        gate[2 * i] = row_ok ? acc[epi_acc(g, i, h)] : 1.0f, gate[2 * i + 1] = row_ok ? acc[epi_acc(g, i, h) + 1] : 1.0f;
       dev::silu_group(gate, silu);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
@@ -110,7 +114,6 @@ struct Fp8UpEpilogue {
     }
     amax = dev::lanes_amax<4>(amax);
     const dev::Fp8Scale s = dev::fp8_scale(amax);
-    const bool row_ok = id < p.num_assign;
     uint8_t* out = reinterpret_cast<uint8_t*>(p.out) + int64_t(out_row) * p.n_dim;
     auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
 #pragma unroll
