@@ -32,6 +32,13 @@ constexpr int64_t kSelectCtaMinExperts = 129;
 // slower than the looped kernel; T=4096, 128 CTAs, 1.4x faster; the threshold was not re-measured
 // for the final 4 x 4 version).
 constexpr int64_t kGatePipeMinCtas = 64;
+// The cluster tilings (8 CTAs a tile, H's slices reduced through distributed shared memory) up to
+// this T. Experiment: 2048 instead of 256. At T = 1024 the looped kernel has T/64 x E/32 CTAs
+// (Qwen3: 64 for 132 SMs, 16 serial load batches each; ncu on the H100 at its base clock: 39 µs,
+// tensor pipe 12%), and the routers' times jump from T = 256 to 1024 (H200 run of record: Qwen3
+// 11.1 -> 31.6 µs, DeepSeek-V3 22.9 -> 50.9, Mixtral 4.0 -> 16.3) while the cluster tiling's
+// 8 CTAs a tile give 1,024 CTAs there.
+constexpr int64_t kGateClusterMaxTokens = 2048;
 
 // Whether gate kernel k quantizes an FP8 layer's x as it reads it (router/params.hpp): the
 // cluster tilings (decode), with slices of whole 128-column groups and the slice's x tile beside
@@ -65,7 +72,7 @@ RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool log
       (tokens + kr::kGatePipeRows - 1) / kr::kGatePipeRows * ((experts + kr::kGatePipeCols - 1) / kr::kGatePipeCols);
   const bool pipe_fits = hidden < (int64_t(1) << 30) && kr::gate_pipelined_smem_bytes(hidden) <= smem_per_block_optin;
   if (tokens <= 16) r.gate = GateKernel::cluster_16x8;
-  else if (tokens <= 256) r.gate = experts <= 8 ? GateKernel::cluster_32x8 : GateKernel::cluster_32x32;
+  else if (tokens <= kGateClusterMaxTokens) r.gate = experts <= 8 ? GateKernel::cluster_32x8 : GateKernel::cluster_32x32;
   else if (experts <= 8) r.gate = GateKernel::looped_64x8;
   else if (pipe_ctas < kGatePipeMinCtas || !pipe_fits) r.gate = GateKernel::looped_64x32;
   else r.gate = GateKernel::pipelined_128x64;
