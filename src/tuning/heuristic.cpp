@@ -32,12 +32,18 @@ constexpr int64_t kSelectCtaMinExperts = 129;
 // slower than the looped kernel; T=4096, 128 CTAs, 1.4x faster; the threshold was not re-measured
 // for the final 4 x 4 version).
 constexpr int64_t kGatePipeMinCtas = 64;
-// The cluster tilings (8 CTAs a tile, H's slices reduced through distributed shared memory) up to
-// this T. Experiment: 2048 instead of 256. At T = 1024 the looped kernel has T/64 x E/32 CTAs
-// (Qwen3: 64 for 132 SMs, 16 serial load batches each; ncu on the H100 at its base clock: 39 µs,
-// tensor pipe 12%), and the routers' times jump from T = 256 to 1024 (H200 run of record: Qwen3
-// 11.1 -> 31.6 µs, DeepSeek-V3 22.9 -> 50.9, Mixtral 4.0 -> 16.3) while the cluster tiling's
-// 8 CTAs a tile give 1,024 CTAs there.
+// Past decode, the cluster tilings (32-row tiles, 8 CTAs each, H's slices reduced through
+// distributed shared memory) while they have at most kGateClusterMaxTiles tiles, up to
+// kGateClusterMaxTokens (the largest T measured). The looped kernel has T/64 x E/32 CTAs, each
+// latency-bound on 16 serial load batches (ncu, Qwen3 T = 1024 on an H100 at its base clock: 64
+// CTAs for 132 SMs, 39 µs, tensor pipe 12%), so its time is flat in T while the cluster tiling's
+// grows with its tiles. Router µs, looped or pipelined -> cluster, by `scripts/ab` on an H100 (two
+// rounds, equal in both; tiles = T/32 x E/32, or T/32 for E <= 8):
+//   Mixtral     T = 512 / 1024 / 2048 (16 / 32 / 64 tiles):   16.3 -> 5.6,  16.5 -> 6.9,  17.3 -> 10.4
+//   Qwen3       T = 512 / 1024 / 2048 (64 / 128 / 256 tiles):  30.9 -> 16.4, 31.4 -> 27.5, 35.1 -> 50.0
+//   DeepSeek-V3 T = 512 / 1024 / 2048 (128 / 256 / 512 tiles): 48.1 -> 41.2, 50.9 -> 70.6, 111.5 -> 139.2
+// The cluster tiling wins at every point with at most 128 tiles and loses at every point above.
+constexpr int64_t kGateClusterMaxTiles = 128;
 constexpr int64_t kGateClusterMaxTokens = 2048;
 
 // Whether gate kernel k quantizes an FP8 layer's x as it reads it (router/params.hpp): the
@@ -61,9 +67,9 @@ bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin
 }  // namespace
 
 // Decode: up to 16 tokens, 16 x 8 tiles in clusters, w_gate spread over the most SMs. Up to 256
-// tokens: 32 x 32 (32 x 8 for E <= 8) tiles in clusters. Beyond: one CTA per 64 x 32 (64 x 8)
-// tile walking the slices (no cluster launched per few hundred MMAs); from kGatePipeMinCtas of its
-// 128 x 64 tiles (E > 8), the pipelined kernel, when its step table fits shared memory.
+// tokens, and beyond while they are few (kGateClusterMaxTiles): 32 x 32 (32 x 8 for E <= 8) tiles
+// in clusters. Beyond: one CTA per 64 x 32 (64 x 8) tile walking the slices; from kGatePipeMinCtas
+// of its 128 x 64 tiles (E > 8), the pipelined kernel, when its step table fits shared memory.
 RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool logits_in_memory,
                        int64_t smem_per_block_optin, Precision precision) {
   namespace kr = kernels::router;
@@ -71,8 +77,10 @@ RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool log
   const int64_t pipe_ctas =
       (tokens + kr::kGatePipeRows - 1) / kr::kGatePipeRows * ((experts + kr::kGatePipeCols - 1) / kr::kGatePipeCols);
   const bool pipe_fits = hidden < (int64_t(1) << 30) && kr::gate_pipelined_smem_bytes(hidden) <= smem_per_block_optin;
+  const int64_t cluster_tiles = (tokens + 31) / 32 * (experts <= 8 ? 1 : (experts + 31) / 32);
   if (tokens <= 16) r.gate = GateKernel::cluster_16x8;
-  else if (tokens <= kGateClusterMaxTokens) r.gate = experts <= 8 ? GateKernel::cluster_32x8 : GateKernel::cluster_32x32;
+  else if (tokens <= 256 || (tokens <= kGateClusterMaxTokens && cluster_tiles <= kGateClusterMaxTiles))
+    r.gate = experts <= 8 ? GateKernel::cluster_32x8 : GateKernel::cluster_32x32;
   else if (experts <= 8) r.gate = GateKernel::looped_64x8;
   else if (pipe_ctas < kGatePipeMinCtas || !pipe_fits) r.gate = GateKernel::looped_64x32;
   else r.gate = GateKernel::pipelined_128x64;

@@ -215,6 +215,16 @@ TEST(Plan, RecordsTheRouterAndAlignKernels) {
   EXPECT_EQ(ds4096.router.select, SelectKernel::warp);  // prefill: throughput, not latency
   EXPECT_EQ(ds4096.align, AlignKernel::grid);
   EXPECT_EQ(plan_forward(shape_of(kPresets[0], 4096), kH200).router.gate, GateKernel::looped_64x8);  // E = 8
+  // Past T = 256 the cluster tiling while it has at most 128 tiles of 32 tokens x 32 experts (x 8
+  // for E <= 8), up to T = 2048: the crossovers measured (tuning/heuristic.cpp, kGateClusterMaxTiles).
+  const auto gate = [](int preset, int64_t T) { return plan_forward_heuristic(shape_of(kPresets[preset], T), kH200).router.gate; };
+  for (int64_t T : {512, 1024, 2048}) EXPECT_EQ(gate(0, T), GateKernel::cluster_32x8) << T;  // Mixtral: 16-64 tiles
+  EXPECT_EQ(gate(1, 512), GateKernel::cluster_32x32);                                       // Qwen3: 64 tiles
+  EXPECT_EQ(gate(1, 1024), GateKernel::cluster_32x32);                                      // 128
+  EXPECT_EQ(gate(1, 2048), GateKernel::looped_64x32);                                       // 256
+  EXPECT_EQ(gate(2, 512), GateKernel::cluster_32x32);                                       // DeepSeek-V3: 128
+  EXPECT_EQ(gate(2, 1024), GateKernel::looped_64x32);                                       // 256
+  EXPECT_EQ(gate(0, 4096), GateKernel::looped_64x8);  // past the largest T measured
   // Not enough shared memory for the pipelined kernel's step table: the looped one.
   DeviceInfo small = kH200;
   small.smem_per_block_optin = 197000;  // the wgmma tiles' 196,608 bytes fit, the 198,464 of H = 7168 do not
