@@ -56,6 +56,8 @@ class Seeded : public ::testing::Test {
 
 // An H200 as query_device() would describe it (the config chooser's input); no GPU is read.
 inline const DeviceInfo kH200{"H200", 132, 9, 0, 232448, 60 * 1024 * 1024};
+// An H100 SXM as query_device() reads it (no table in configs/ names it).
+inline const DeviceInfo kH100{"H100", 132, 9, 0, 232448, 50 * 1024 * 1024};
 
 // The benchmark's model layers (docs/design.md), for the planner's tests.
 struct Preset {
