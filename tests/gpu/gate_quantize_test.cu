@@ -59,7 +59,10 @@ TEST_F(GateQuantizeTest, EveryQuantizingTilingBitwiseQuantizeTokensWithUnchanged
   const Case cases[] = {{GateKernel::cluster_16x8, 1, 7168, 256},  {GateKernel::cluster_16x8, 13, 2880, 64},
                         {GateKernel::cluster_32x8, 40, 4096, 8},   {GateKernel::cluster_32x32, 200, 2048, 128},
                         {GateKernel::cluster_32x32, 33, 1024, 40}, {GateKernel::cluster_32x8, 300, 4096, 8},
-                        {GateKernel::cluster_32x32, 129, 7168, 256}, {GateKernel::cluster_32x32, 70, 2880, 33}};
+                        {GateKernel::cluster_32x32, 129, 7168, 256}, {GateKernel::cluster_32x32, 70, 2880, 33},
+                        // past decode, where the planner keeps the cluster tilings (at most 128 tiles)
+                        {GateKernel::cluster_32x32, 1000, 2048, 128}, {GateKernel::cluster_32x8, 2048, 4096, 8},
+                        {GateKernel::cluster_32x32, 500, 7168, 256}};
   for (const Case& c : cases) {
     SCOPED_TRACE("gate " + std::to_string(int(c.gate)) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
                  " E=" + std::to_string(c.E));

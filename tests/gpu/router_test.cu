@@ -109,9 +109,10 @@ TEST_F(RouterTest, LogitsFromXAndWGate) {
   check({3, 72, 40, 3, Scoring::softmax, false, false, false, false, 0, 0, 1.0f});      // H not /256
 }
 
-// Every tile instance of the tensor-core logits (clusters: T <= 16, T <= 256 with E <= 8 or more;
-// one CTA per tile walking the slices: T > 256) on the model shapes, H not a multiple of a step
-// or a slice, and experts not a multiple of a tile.
+// Every tile instance of the tensor-core logits (clusters: T <= 16, then 32-row tiles with E <= 8
+// or more while they are at most 128, up to T = 2048; one CTA per tile walking the slices beyond;
+// the pipelined tiles from 64 of them) on the model shapes, H not a multiple of a step or a slice,
+// and experts not a multiple of a tile.
 TEST_F(RouterTest, TensorCoreLogitsEveryInstance) {
   for (int64_t T : {1, 2, 16, 17, 100, 257, 300})
     for (int64_t H : {4096, 2056, 72, 8}) {
@@ -121,8 +122,10 @@ TEST_F(RouterTest, TensorCoreLogitsEveryInstance) {
   check({33, 7168, 256, 8, Scoring::sigmoid, true, true, false, false, 8, 4, 2.5f});
   check({70, 2048, 128, 8, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
   check({9, 1024, 512, 16, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
-  check({1000, 7168, 256, 8, Scoring::sigmoid, true, true, false, false, 8, 4, 2.5f});  // deepseek-like prefill
-  check({700, 4096, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});      // mixtral-like prefill
+  check({1000, 7168, 256, 8, Scoring::sigmoid, true, true, false, false, 8, 4, 2.5f});  // deepseek-like: looped 64 x 32
+  check({700, 4096, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});      // mixtral-like: 22 cluster tiles
+  check({2100, 2056, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});     // looped 64 x 8: past T = 2048
+  check({2100, 72, 40, 3, Scoring::softmax, false, false, false, false, 0, 0, 1.0f});     // looped 64 x 32: 132 cluster tiles
   // The pipelined 128 x 64 tiles (from 64 of them): 17 x 4, the last token tile and expert tile partial.
   check({2100, 2048, 200, 8, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
 }
@@ -132,12 +135,14 @@ TEST_F(RouterTest, TensorCoreLogitsSmall) {
   for (int64_t T : {3, 40, 257})
     for (int64_t E : {8, 40}) check({T, 520, E, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
   check({2050, 520, 300, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});  // pipelined: 17 x 5 tiles
+  check({2100, 520, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});    // looped 64 x 8
+  check({2100, 520, 40, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});   // looped 64 x 32
 }
 
 // A token's tensor-core logits do not depend on the batch: the same rows give bitwise the same
-// logits at T = 1, 16 (decode clusters), 17 (larger clusters), 300 (a CTA walking the slices) and
-// 2100 (E = 200, 256: the pipelined 128 x 64 tiles, the last token tile partial; else a CTA
-// walking the slices), and on a second run. H = 7168: 28 steps per slice, roles of 4 and 3 steps;
+// logits at T = 1, 16 (decode clusters), 17 and 300 (32-row clusters) and 2100 (E = 200, 256:
+// the pipelined 128 x 64 tiles, the last token tile partial; E = 8, 64: a CTA walking the
+// slices), and on a second run. H = 7168: 28 steps per slice, roles of 4 and 3 steps;
 // H = 72: three one-step slices, five empty ones and roles without a step.
 TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
   for (int64_t H : {2048, 7168, 72})
