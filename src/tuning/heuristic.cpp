@@ -32,12 +32,6 @@ constexpr int64_t kSelectCtaMinExperts = 129;
 // slower than the looped kernel; T=4096, 128 CTAs, 1.4x faster; the threshold was not re-measured
 // for the final 4 x 4 version).
 constexpr int64_t kGatePipeMinCtas = 64;
-// Experiment: below this many 128 x 64 tiles (one SM's worth of an H100 or H200, 132: at most one
-// CTA an SM fits its 192 KB ring), the 128 x 32 tiles (twice the CTAs, 4 warps each, each warp's
-// 32 x 32 and its work unchanged). Qwen3 T = 4096 has 64 of the wide tiles (50.5 µs on the H200),
-// DeepSeek-V3 T = 2048 / 4096 64 / 128 (111.5 µs at 2048 on an H100, flat from T = 1024's looped
-// 50.9 to the pipelined kernel's half-idle grid).
-constexpr int64_t kGatePipeNarrowBelowCtas = 132;
 // Past decode, the cluster tilings (32-row tiles, 8 CTAs each, H's slices reduced through
 // distributed shared memory) while they have at most kGateClusterMaxTiles tiles, up to
 // kGateClusterMaxTokens (the largest T measured). The looped kernel has T/64 x E/32 CTAs, each
@@ -89,7 +83,7 @@ RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool log
     r.gate = experts <= 8 ? GateKernel::cluster_32x8 : GateKernel::cluster_32x32;
   else if (experts <= 8) r.gate = GateKernel::looped_64x8;
   else if (pipe_ctas < kGatePipeMinCtas || !pipe_fits) r.gate = GateKernel::looped_64x32;
-  else r.gate = pipe_ctas < kGatePipeNarrowBelowCtas ? GateKernel::pipelined_128x32 : GateKernel::pipelined_128x64;
+  else r.gate = GateKernel::pipelined_128x64;
   const bool cta = logits_in_memory && experts >= kSelectCtaMinExperts && experts <= kr::kCtaMaxExperts &&
                    tokens <= kSelectCtaMaxTokens;
   r.select = cta ? SelectKernel::cta : SelectKernel::warp;
@@ -142,7 +136,6 @@ std::string to_string(GateKernel k) {
     case GateKernel::looped_64x8: return "looped64x8";
     case GateKernel::looped_64x32: return "looped64x32";
     case GateKernel::pipelined_128x64: return "pipelined128x64";
-    case GateKernel::pipelined_128x32: return "pipelined128x32";
   }
   return "?";
 }

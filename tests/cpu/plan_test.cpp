@@ -211,7 +211,7 @@ TEST(Plan, RecordsTheRouterAndAlignKernels) {
   EXPECT_EQ(qwen256.router.select, SelectKernel::warp);  // E = 128
   EXPECT_EQ(qwen256.align, AlignKernel::cta);            // 2048 assignments
   const ForwardPlan ds4096 = plan_forward(shape_of(kPresets[2], 4096), kH200);
-  EXPECT_EQ(ds4096.router.gate, GateKernel::pipelined_128x32);  // 128 of the 128 x 64 tiles: fewer than the SMs
+  EXPECT_EQ(ds4096.router.gate, GateKernel::pipelined_128x64);
   EXPECT_EQ(ds4096.router.select, SelectKernel::warp);  // prefill: throughput, not latency
   EXPECT_EQ(ds4096.align, AlignKernel::grid);
   EXPECT_EQ(plan_forward(shape_of(kPresets[0], 4096), kH200).router.gate, GateKernel::looped_64x8);  // E = 8
@@ -230,8 +230,7 @@ TEST(Plan, RecordsTheRouterAndAlignKernels) {
   small.smem_per_block_optin = 197000;  // the wgmma tiles' 196,608 bytes fit, the 198,464 of H = 7168 do not
   EXPECT_EQ(plan_forward_heuristic(shape_of(kPresets[2], 4096), small).router.gate, GateKernel::looped_64x32);
   // The plan prints them.
-  EXPECT_NE(ds4096.str().find("router=gate=pipelined128x32 select=warp"), std::string::npos) << ds4096.str();
-  EXPECT_EQ(plan_forward(shape_of(kPresets[2], 16384), kH200).router.gate, GateKernel::pipelined_128x64);
+  EXPECT_NE(ds4096.str().find("router=gate=pipelined128x64 select=warp"), std::string::npos) << ds4096.str();
   EXPECT_NE(ds4096.str().find("align=grid"), std::string::npos) << ds4096.str();
 }
 
