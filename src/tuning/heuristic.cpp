@@ -77,10 +77,13 @@ RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool log
   const int64_t pipe_ctas =
       (tokens + kr::kGatePipeRows - 1) / kr::kGatePipeRows * ((experts + kr::kGatePipeCols - 1) / kr::kGatePipeCols);
   const bool pipe_fits = hidden < (int64_t(1) << 30) && kr::gate_pipelined_smem_bytes(hidden) <= smem_per_block_optin;
-  const int64_t cluster_tiles = (tokens + 31) / 32 * (experts <= 8 ? 1 : (experts + 31) / 32);
+  const GateKernel cluster = experts <= 8 ? GateKernel::cluster_32x8 : GateKernel::cluster_32x32;
+  using Narrow = kr::GateTile<2, 1>;  // cluster_32x8
+  using Wide = kr::GateTile<2, 4>;    // cluster_32x32
+  const int64_t cols = experts <= 8 ? Narrow::kCols : Wide::kCols;
+  const int64_t cluster_tiles = (tokens + Wide::kRows - 1) / Wide::kRows * ((experts + cols - 1) / cols);
   if (tokens <= 16) r.gate = GateKernel::cluster_16x8;
-  else if (tokens <= 256 || (tokens <= kGateClusterMaxTokens && cluster_tiles <= kGateClusterMaxTiles))
-    r.gate = experts <= 8 ? GateKernel::cluster_32x8 : GateKernel::cluster_32x32;
+  else if (tokens <= 256 || (tokens <= kGateClusterMaxTokens && cluster_tiles <= kGateClusterMaxTiles)) r.gate = cluster;
   else if (experts <= 8) r.gate = GateKernel::looped_64x8;
   else if (pipe_ctas < kGatePipeMinCtas || !pipe_fits) r.gate = GateKernel::looped_64x32;
   else r.gate = GateKernel::pipelined_128x64;

@@ -1,6 +1,7 @@
-// main.cpp — the `moekit` command line: parses the options of `bench`, `check` and `tune` (CLI11)
-// and dispatches to run_bench (bench.cu; --dtype fp8: bench_fp8.cu, --ep: bench_ep.cpp,
-// --backward: bench_backward.cu), run_check (check.cpp) and run_tune (tune.cu).
+// main.cpp — the `moekit` command line: parses the options of `bench`, `check`, `tune` and `plan`
+// (CLI11) and dispatches to run_bench (bench.cu; --dtype fp8: bench_fp8.cu, --ep: bench_ep.cpp,
+// --backward: bench_backward.cu), run_check (check.cpp), run_tune (tune.cu) and run_plan
+// (plan_cmd.cpp).
 //
 //   moekit bench --preset deepseek-v3 --tokens 1,16,64,512 --json out.json
 //   moekit bench --backward --preset qwen3-30b-a3b --tokens 1,64,4096 --json bwd.json
@@ -50,6 +51,21 @@ void add_dtype_option(CLI::App* cmd, std::string& dtype, const std::string& help
   cmd->add_option("--dtype", dtype, help)->check(CLI::IsMember({"bf16", "fp8"}))->capture_default_str();
 }
 
+// --steps and --warmup of bench and tune.
+void add_timing_options(CLI::App* cmd, int& steps, int& warmup, const std::string& steps_help) {
+  cmd->add_option("--steps", steps, steps_help)->capture_default_str()->check(whole_number(1, moekit::cli::kMaxStepsFlag));
+  cmd->add_option("--warmup", warmup, "untimed iterations first")
+      ->capture_default_str()
+      ->check(whole_number(0, moekit::cli::kMaxStepsFlag));
+}
+
+// --seed and --check-tokens of bench, check and tune: the random inputs, and the tokens the CPU
+// oracle checks.
+void add_oracle_options(CLI::App* cmd, uint64_t& seed, int& check_tokens, const std::string& check_help) {
+  cmd->add_option("--seed", seed, "seed of every random input")->capture_default_str();
+  cmd->add_option("--check-tokens", check_tokens, check_help)->capture_default_str()->check(whole_number(1, 1 << 20));
+}
+
 void add_layer_options(CLI::App* cmd, LayerArgs& a, bool full) {
   cmd->add_option("--preset", a.preset, "model layer: " + preset_list())->capture_default_str();
   if (!full) return;
@@ -82,22 +98,14 @@ int main(int argc, char** argv) {
       "bench", "check, then time every stage of the layer against ceilings and cuBLAS baselines (needs a Hopper GPU)");
   add_layer_options(bench_cmd, bench.layer, true);
   add_tokens_option(bench_cmd, bench.tokens, "token counts T, comma-separated");
-  bench_cmd->add_option("--steps", bench.steps, "timed iterations (median reported)")
-      ->capture_default_str()
-      ->check(whole_number(1, moekit::cli::kMaxStepsFlag));
-  bench_cmd->add_option("--warmup", bench.warmup, "untimed iterations first")
-      ->capture_default_str()
-      ->check(whole_number(0, moekit::cli::kMaxStepsFlag));
+  add_timing_options(bench_cmd, bench.steps, bench.warmup, "timed iterations (median reported)");
   bench_cmd->add_flag("--skew", bench.skew,
                       "skewed expert loads (0.5-1.5x the mean, one expert at 4x) from a calibrated router bias");
   bench_cmd->add_option("--json", bench.json, "write the rows to this JSON file");
   bench_cmd->add_option("--csv", bench.csv, "write the rows to this CSV file (the --json rows' fields, one line each)");
-  bench_cmd->add_option("--seed", bench.seed, "seed of every random input")->capture_default_str();
   bench_cmd->add_flag("--no-baselines", bench.no_baselines, "skip the cuBLAS baselines");
   add_dtype_option(bench_cmd, bench.dtype, "expert weights: bf16, or fp8 (DeepSeek-V3's e4m3 with 128x128 block scales)");
-  bench_cmd->add_option("--check-tokens", bench.check_tokens, "tokens the oracle checks before timing")
-      ->capture_default_str()
-      ->check(whole_number(1, 1 << 20));
+  add_oracle_options(bench_cmd, bench.seed, bench.check_tokens, "tokens the oracle checks before timing");
   bench_cmd->add_option("--ep", bench.ep,
                         "expert parallelism over R GPUs of this host (R processes over NCCL); --tokens are per rank")
       ->check(whole_number(1, 8));
@@ -124,10 +132,7 @@ int main(int argc, char** argv) {
   CLI::Option* tokens_opt =
       check_cmd->add_option("--tokens", check.tokens, "T (GPU: default 16; --cpu: default 37)")->check(whole_number(1, moekit::cli::kMaxTokensFlag));
   check_cmd->add_flag("--cpu", check.cpu, "run the CPU oracle on a scaled-down layer, even with a GPU");
-  check_cmd->add_option("--seed", check.seed, "seed of every random input")->capture_default_str();
-  check_cmd->add_option("--check-tokens", check.check_tokens, "tokens the oracle checks (GPU)")
-      ->capture_default_str()
-      ->check(whole_number(1, 1 << 20));
+  add_oracle_options(check_cmd, check.seed, check.check_tokens, "tokens the oracle checks (GPU)");
 
   moekit::cli::TuneArgs tune;
   CLI::App* tune_cmd = app.add_subcommand(
@@ -135,21 +140,13 @@ int main(int argc, char** argv) {
               "to the device's table in configs/ (needs a Hopper GPU)");
   add_layer_options(tune_cmd, tune.layer, true);
   add_tokens_option(tune_cmd, tune.tokens, "token counts T, comma-separated (each one bucket of the table)");
-  tune_cmd->add_option("--steps", tune.steps, "timed iterations per candidate (median kept)")
-      ->capture_default_str()
-      ->check(whole_number(1, moekit::cli::kMaxStepsFlag));
-  tune_cmd->add_option("--warmup", tune.warmup, "untimed iterations first")
-      ->capture_default_str()
-      ->check(whole_number(0, moekit::cli::kMaxStepsFlag));
+  add_timing_options(tune_cmd, tune.steps, tune.warmup, "timed iterations per candidate (median kept)");
   tune_cmd->add_option("--out", tune.out, "table file (default: configs/<device>.json, e.g. configs/nvidia-h200.json)");
   tune_cmd->add_flag("--merge", tune.merge,
                      "keep this shape's entries at token counts not measured now (default: replace the shape's entries; "
                      "other shapes' entries are always kept)");
   tune_cmd->add_flag("--exhaustive", tune.exhaustive, "time every candidate in full (no 3-step screen)");
-  tune_cmd->add_option("--seed", tune.seed, "seed of every random input")->capture_default_str();
-  tune_cmd->add_option("--check-tokens", tune.check_tokens, "tokens the oracle checks per candidate")
-      ->capture_default_str()
-      ->check(whole_number(1, 1 << 20));
+  add_oracle_options(tune_cmd, tune.seed, tune.check_tokens, "tokens the oracle checks per candidate");
   tune_cmd->add_option("--candidates", tune.candidates,
                        "also append one JSON line per candidate and T to this file (its configs, outcome and time: "
                        "the data a cost model of the kernels is fitted to)");

@@ -16,6 +16,11 @@ namespace moekit::cli {
 using json = nlohmann::ordered_json;
 
 namespace {
+// A stage's roofline for `flops`: the larger of its weights' read time and those FLOPs at `ceiling`.
+double roofline_ms(const Row& r, double flops, double ceiling) {
+  return std::max(r.read_time_ms.value_or(0.0), flops / (ceiling * 1e9));
+}
+
 // The roofline of a schedule that gives every touched expert an equal share of the GPU (expert
 // parallelism's ranks, batches padded to a capacity): every touched expert at the busiest one's
 // load. Its FLOPs are the stage's times the busiest count · touched experts / assignments; its
@@ -29,8 +34,7 @@ std::optional<double> busiest_roof_ms(const Row& r, double ceiling) {
     busiest = std::max<int64_t>(busiest, c);
   }
   if (assignments == 0) return std::nullopt;
-  const double flops = r.cost.flops * double(busiest * touched) / double(assignments);
-  const double roof_ms = std::max(r.read_time_ms.value_or(0.0), flops / (ceiling * 1e9));
+  const double roof_ms = roofline_ms(r, r.cost.flops * double(busiest * touched) / double(assignments), ceiling);
   return roof_ms > 0 ? std::optional<double>(roof_ms) : std::nullopt;
 }
 }  // namespace
@@ -43,7 +47,7 @@ json row_json(const Row& r, const RunInfo& info) {
   // dense ceiling), both measured in this run (docs/design.md, "What the benchmarks report").
   // fp8 rows: the FP8 ceiling.
   const double ceiling = r.dtype == "fp8" && info.fp8_ceiling_TFLOPs > 0 ? info.fp8_ceiling_TFLOPs : info.dense_ceiling_TFLOPs;
-  const double roof_ms = std::max(r.read_time_ms.value_or(0.0), r.cost.flops / (ceiling * 1e9));
+  const double roof_ms = roofline_ms(r, r.cost.flops, ceiling);
   auto opt = [](std::optional<double> v) { return v ? json(*v) : json(nullptr); };
   const std::optional<double> busiest_ms = busiest_roof_ms(r, ceiling);
   return {{"preset", r.preset},
