@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/validate.hpp"
+#include "gemm/sm90/geometry.hpp"
 #include "tuning/planner.hpp"
 
 namespace moekit::tuning {
@@ -118,7 +119,8 @@ double estimate_given(const MoeShape& s, const TileChoice& choice, const DeviceI
 // which skips a consumer warpgroup whose rows are all padding.
 double math_rows_of(const MoeShape& s, const GemmConfig& c, const BlockEstimate& b) {
   if (c.kernel != GemmKernel::wgmma) return b.blocks * c.block_m;
-  return 64 * expected_blocks(s.tokens, s.experts, s.topk, 64).blocks;
+  constexpr int kHalf = kernels::gemm::sm90::kWgmmaM;  // one consumer warpgroup's rows
+  return kHalf * expected_blocks(s.tokens, s.experts, s.topk, kHalf).blocks;
 }
 }  // namespace
 
