@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <barrier>
 #include <cstdint>
+#include <random>
 #include <set>
 #include <thread>
 #include <utility>
@@ -243,12 +244,12 @@ TEST(Sm90Epilogue, StoredVectorsHoldTheirOwnRowAndColumns) {
     }
 }
 
-TEST(Sm90Schedule, ItemsMapOntoEveryTileOnceInTheMmaSyncKernelsOrder) {
+TEST(Sm90Schedule, ItemsMapOntoEveryTileOnceInTheFixedGroupOrder) {
   for (int32_t blocks : {1, 7, 8, 9, 17, 64, 133})
     for (int32_t n_tiles : {1, 3, 8, 28}) {
       std::set<std::pair<int32_t, int32_t>> seen;
       for (int32_t item = 0; item < blocks * n_tiles; ++item) {
-        const TileCoord t = item_to_tile(item, blocks, n_tiles);
+        const TileCoord t = gemm::grouped_tile<int32_t>(item, blocks, n_tiles);
         ASSERT_TRUE(t.block >= 0 && t.block < blocks && t.n_tile >= 0 && t.n_tile < n_tiles);
         seen.insert({t.block, t.n_tile});
         // The order written out in 64 bits, and the mma.sync kernel's 64-bit instance of it.
@@ -259,6 +260,90 @@ TEST(Sm90Schedule, ItemsMapOntoEveryTileOnceInTheMmaSyncKernelsOrder) {
         const gemm::GroupedTile<int64_t> t64 = gemm::grouped_tile<int64_t>(item, blocks, n_tiles);
         ASSERT_EQ(t64.block, t.block);
         ASSERT_EQ(t64.n_tile, t.n_tile);
+      }
+      ASSERT_EQ(int64_t(seen.size()), int64_t(blocks) * n_tiles);
+    }
+}
+
+// The publishing warp's mask (scheduler.cuh), built the long way: bit l when block
+// b - kGroupBlocks + l exists and has b's expert.
+uint32_t same_expert_mask(const std::vector<int32_t>& block_expert, int32_t b) {
+  uint32_t same = 0;
+  for (int l = 0; l < kChunkWindow; ++l) {
+    const int32_t q = b - kGroupBlocks + l;
+    if (q >= 0 && q < int32_t(block_expert.size()) && block_expert[size_t(q)] == block_expert[size_t(b)]) same |= 1u << l;
+  }
+  return same;
+}
+
+// Layouts of expert runs (block_expert of the used blocks): runs of 0 .. 40 blocks (0: an expert
+// with no rows), and the adversarial ones: one expert for every block, runs of exactly
+// kGroupBlocks and kGroupBlocks + 1, all runs of 1.
+std::vector<std::vector<int32_t>> chunk_layouts() {
+  std::vector<std::vector<int32_t>> out;
+  std::mt19937 rng(20261206);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<int32_t> be;
+    const int max_run = trial < 10 ? 3 : trial < 20 ? 10 : 40;
+    for (int32_t e = 0; be.size() < 300 && e < 200; ++e)
+      for (int r = int(rng() % uint32_t(max_run + 1)); r > 0; --r) be.push_back(e);
+    if (!be.empty()) out.push_back(be);
+  }
+  out.push_back(std::vector<int32_t>(133, 5));
+  for (int run : {kGroupBlocks, kGroupBlocks + 1, 1}) {
+    std::vector<int32_t> be;
+    for (int32_t e = 0; be.size() < 100; ++e)
+      for (int r = 0; r < run; ++r) be.push_back(e);
+    out.push_back(be);
+  }
+  out.push_back({3});
+  return out;
+}
+
+TEST(Sm90Schedule, ExpertChunksPartitionTheBlocksAndKeepShortRunsWhole) {
+  for (const std::vector<int32_t>& be : chunk_layouts()) {
+    const int32_t blocks = int32_t(be.size());
+    for (int32_t b = 0; b < blocks; ++b) {
+      const gemm::BlockChunk c = gemm::expert_chunk(same_expert_mask(be, b), b);
+      // b's chunk holds b, one expert's blocks, at most kGroupBlocks of them.
+      ASSERT_TRUE(c.first <= b && b < c.first + c.count && c.count >= 1 && c.count <= kGroupBlocks) << "block " << b;
+      for (int32_t q = c.first; q < c.first + c.count; ++q) ASSERT_EQ(be[size_t(q)], be[size_t(b)]) << "block " << b;
+      // Every block of the chunk finds the same chunk (so any of its items, claimed first, does).
+      for (int32_t q = c.first; q < c.first + c.count; ++q) {
+        const gemm::BlockChunk d = gemm::expert_chunk(same_expert_mask(be, q), q);
+        ASSERT_TRUE(d.first == c.first && d.count == c.count) << "block " << b << " and " << q;
+      }
+      // The run of b's expert around b, whole if it has at most kGroupBlocks blocks, else cut
+      // only at kGroupBlocks-aligned windows.
+      int32_t rs = b, re = b + 1;
+      while (rs > 0 && be[size_t(rs - 1)] == be[size_t(b)]) --rs;
+      while (re < blocks && be[size_t(re)] == be[size_t(b)]) ++re;
+      if (re - rs <= kGroupBlocks) {
+        ASSERT_TRUE(c.first == rs && c.count == re - rs) << "block " << b;
+      } else {
+        const int32_t w = b / kGroupBlocks * kGroupBlocks;
+        ASSERT_EQ(c.first, std::max(w, rs)) << "block " << b;
+        ASSERT_EQ(c.first + c.count, std::min(w + kGroupBlocks, re)) << "block " << b;
+      }
+    }
+  }
+}
+
+TEST(Sm90Schedule, ItemsMapOntoEveryTileOnceInChunkOrder) {
+  for (const std::vector<int32_t>& be : chunk_layouts())
+    for (int32_t n_tiles : {1, 3, 16, 28}) {
+      const int32_t blocks = int32_t(be.size());
+      std::set<std::pair<int32_t, int32_t>> seen;
+      for (int32_t item = 0; item < blocks * n_tiles; ++item) {
+        const int32_t b = item / n_tiles;
+        const gemm::BlockChunk c = gemm::expert_chunk(same_expert_mask(be, b), b);
+        const TileCoord t = gemm::chunk_tile(item, c, n_tiles);
+        ASSERT_TRUE(t.block >= c.first && t.block < c.first + c.count && t.n_tile >= 0 && t.n_tile < n_tiles);
+        // Column tiles outermost: the chunk's blocks at one column tile are consecutive items.
+        ASSERT_EQ(t.n_tile, (item - c.first * n_tiles) / c.count);
+        const TileCoord back = tile_of(tile_code(t, n_tiles), n_tiles);
+        ASSERT_TRUE(back.block == t.block && back.n_tile == t.n_tile);
+        seen.insert({t.block, t.n_tile});
       }
       ASSERT_EQ(int64_t(seen.size()), int64_t(blocks) * n_tiles);
     }

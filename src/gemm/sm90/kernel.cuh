@@ -34,8 +34,7 @@ using EpilogueOf = std::conditional_t<Cfg::kFp8 && M == Mode::Up, Fp8UpEpilogue<
 
 // A consumer warpgroup: the tiles of the channel, one after another — mainloop, then epilogue.
 template <Mode M, class Cfg>
-__device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, int32_t items, int32_t blocks,
-                                        int32_t k_tiles) {
+__device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, int32_t items, int32_t k_tiles) {
   // Consumer warpgroup 0 or 1, broadcast from lane 0 so the compiler knows it is warp-uniform: the
   // wgmma descriptors derived from it are then computed in uniform registers, not moved there.
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
@@ -54,8 +53,8 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   // needs them right after the next tile's first wgmma group is issued, so a stall of the second
   // k-step's fence on them runs under that group's ~1k cycles of tensor work. Loaded at the tile's
   // start, the ids -> weights chain was exposed at every tile (~0.5-1k cycles).
-  auto load_ids = [&](int32_t item, int32_t(&ids)[2]) {
-    const int32_t row0 = item_to_tile(item, blocks, int32_t(p.n_tiles)).block * kBlockM;
+  auto load_ids = [&](int32_t code, int32_t(&ids)[2]) {
+    const int32_t row0 = tile_of(code, int32_t(p.n_tiles)).block * kBlockM;
 #pragma unroll
     for (int h = 0; h < 2; ++h) ids[h] = p.sorted_ids[row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h)];
   };
@@ -66,7 +65,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   int32_t ids[2] = {0, 0};
   if (it.item < items) load_ids(it.item, ids);
   while (it.item < items) {
-    const TileCoord tile = item_to_tile(it.item, blocks, int32_t(p.n_tiles));
+    const TileCoord tile = tile_of(it.item, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
     const bool live = (it.live >> wg) & 1;
     EpilogueOf<M, Cfg> epi;
@@ -130,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const Work w = read_work(p);
-    consume<M, Cfg>(p, smem_layout<Cfg>(smem_raw), w.items, w.blocks, w.k_tiles);
+    consume<M, Cfg>(p, smem_layout<Cfg>(smem_raw), w.items, w.k_tiles);
   }
 }
 

@@ -110,13 +110,14 @@ MK_HD constexpr int epi_acc(int g, int i, int h) { return 4 * (4 * g + i) + 2 * 
 MK_HD constexpr int epi_store_col(int g, int q) { return 8 * (4 * g + q); }
 
 // ---- persistent schedule -------------------------------------------------------------------------
-// Work item -> (block, column tile): the order of both expert GEMMs (gemm/item_order.hpp).
+// Work item -> (block, column tile): the chunks of gemm/item_order.hpp, found by the publishing
+// warp (scheduler.cuh), which posts the tile as one code: block · n_tiles + column tile. 32-bit on
+// purpose: items = blocks · n_tiles stays far below 2^31 (blocks <= rows / 128 with rows indexed
+// by int32 sorted_ids), and 64-bit division would cost the producer's few registers.
+using gemm::kChunkWindow;
 using gemm::kGroupBlocks;
 using TileCoord = gemm::GroupedTile<int32_t>;
-// 32-bit on purpose: items = blocks · n_tiles stays far below 2^31 (blocks <= rows / 128 with rows
-// indexed by int32 sorted_ids), and 64-bit division would cost the producer's few registers.
-MK_HD constexpr TileCoord item_to_tile(int32_t item, int32_t blocks, int32_t n_tiles) {
-  return gemm::grouped_tile(item, blocks, n_tiles);
-}
+MK_HD constexpr int32_t tile_code(TileCoord t, int32_t n_tiles) { return t.block * n_tiles + t.n_tile; }
+MK_HD constexpr TileCoord tile_of(int32_t code, int32_t n_tiles) { return {code / n_tiles, code % n_tiles}; }
 
 }  // namespace moekit::kernels::gemm::sm90

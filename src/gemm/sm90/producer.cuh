@@ -46,17 +46,18 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
   // whole 128-byte lines.
   const int t = int(threadIdx.x) - kConsumerThreads;
   const int chunk = t % kChunksPerRow, row_in_pass = t / kChunksPerRow;
-  const bool tma_thread = t == 0;  // also the thread that claims and publishes the work items
+  const bool tma_thread = t == 0;  // also the thread that claims the work items
+  const bool publisher = t < 32;   // the warp that turns them into tiles (scheduler.cuh)
   const int lane = t % 32;
 
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
   for (;;) {
-    if (tma_thread) publish_item(p, sm, ring, next, items, blocks);
-    const int32_t item = take_item(sm, ring, lane).item;
-    if (item >= items) break;
-    const TileCoord tile = item_to_tile(item, blocks, int32_t(p.n_tiles));
+    if (publisher) publish_tile(p, sm, ring, __shfl_sync(0xffffffffu, next, 0), items, blocks, lane);
+    const int32_t code = take_item(sm, ring, lane).item;
+    if (code >= items) break;
+    const TileCoord tile = tile_of(code, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
     const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
     const int32_t b_row = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);

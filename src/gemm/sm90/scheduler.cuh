@@ -4,17 +4,20 @@
 // Work of the whole grid: (used blocks) x (column tiles), the block count read on the device
 // (num_rows_padded). CTA c starts with item c, then takes the next unclaimed one from
 // p.tile_counter (zeroed by the launcher). Items that share a B tile (the blocks of one expert) or
-// an A block (its column tiles) are neighbours in item order (gemm/item_order.hpp), so with claims
-// they start within a few microseconds of each other and the second reader finds the bytes in L2.
-// Dealt round-robin, the CTAs drifted apart over the waves and re-read most B tiles from DRAM
-// (ncu, DeepSeek-V3 T=16384 up: 70 GB read for 15 GB of weights; Mixtral T=4096 up: 10 GB for 1.9).
+// an A block (its column tiles) are neighbours in item order (gemm/item_order.hpp: chunks that
+// follow the experts), so with claims they start within a few microseconds of each other and the
+// second reader finds the bytes in L2. Dealt round-robin, the CTAs drifted apart over the waves
+// and re-read most B tiles from DRAM (ncu, DeepSeek-V3 T=16384 up: 70 GB read for 15 GB of
+// weights; Mixtral T=4096 up: 10 GB for 1.9).
 //
-// The channel: a ring of kItemSlots slots of {item, live}. The producer's thread 0 publishes each
-// item it will load (its first is blockIdx.x, the next ones claimed) and finally one past the end;
-// every warp of the CTA takes the items in the same order. `live` has bit w set when consumer
-// warpgroup w has a real row: padding rows sit at the end of an expert's last block, so a
-// warpgroup whose first row is padding has no other. The publisher reads those two ids, off the
-// consumers' path (the producer runs stages ahead of them).
+// The channel: a ring of kItemSlots slots of {tile, live}. The producer's warp 0 turns each item
+// its CTA will load (its first is blockIdx.x, the next ones claimed) into its tile, block ·
+// n_tiles + column tile (the chunk of an item needs block_expert around it: one warp-wide load),
+// and its lane 0 posts it, and finally the end (>= items); every warp of the CTA takes the tiles
+// in the same order. `live` has bit w set when consumer warpgroup w has a real row: padding rows
+// sit at the end of an expert's last block, so a warpgroup whose first row is padding has no
+// other. The publisher reads those two ids, off the consumers' path (the producer runs stages
+// ahead of them).
 // Protocol per slot: the publisher waits for item_empty (every warp read the slot's previous
 // item), stores, arrives on item_full (release); a warp waits on item_full (acquire), reads, and
 // its lane 0 arrives on item_empty (take_item: two ways of it).
@@ -29,7 +32,7 @@
 
 namespace moekit::kernels::gemm::sm90 {
 
-// Work of the whole grid, 32-bit: see item_to_tile.
+// Work of the whole grid, 32-bit: see tile_code (layout.hpp).
 struct Work {
   int32_t items, blocks, k_tiles;
 };
@@ -58,18 +61,27 @@ __device__ __forceinline__ void post_item(const Smem<Cfg>& sm, const ItemRing& r
   ptx::mbar_arrive(sm.item_full(ring.slot));
 }
 
-// The expert GEMM's claiming thread: publishes `item` with its live warpgroups (those with a row
-// of an assignment).
+// The expert GEMM's publishing warp (all 32 lanes; `item` the same in each): posts the tile of
+// `item` (tile_code) with its live warpgroups (those with a row of an assignment), or the end.
 template <class Cfg>
-__device__ __forceinline__ void publish_item(const Params& p, const Smem<Cfg>& sm, const ItemRing& ring, int32_t item,
-                                             int32_t items, int32_t blocks) {
-  int32_t live = 0;
+__device__ __forceinline__ void publish_tile(const Params& p, const Smem<Cfg>& sm, const ItemRing& ring, int32_t item,
+                                             int32_t items, int32_t blocks, int lane) {
+  const int32_t n_tiles = int32_t(p.n_tiles);
+  int32_t code = item, live = 0;
   if (item < items) {
-    const int32_t row0 = item_to_tile(item, blocks, int32_t(p.n_tiles)).block * kBlockM;
-#pragma unroll
-    for (int w = 0; w < kConsumerWarpgroups; ++w) live |= int32_t(p.sorted_ids[row0 + w * kWgmmaM] < p.num_assign) << w;
+    // The chunk of the item's block b: which of blocks b - kGroupBlocks .. b + kGroupBlocks have
+    // b's expert (item_order.hpp), a block a lane.
+    const int32_t b = item / n_tiles, q = b - kGroupBlocks + lane;
+    const bool in = lane < kChunkWindow && q >= 0 && q < blocks;
+    const int32_t e = in ? p.block_expert[q] : -1;
+    const int32_t e_b = __shfl_sync(0xffffffffu, e, kGroupBlocks);
+    const uint32_t same = __ballot_sync(0xffffffffu, in && e == e_b);
+    const TileCoord t = chunk_tile(item, expert_chunk(same, b), n_tiles);
+    code = tile_code(t, n_tiles);
+    const bool row_live = lane < kConsumerWarpgroups && p.sorted_ids[t.block * kBlockM + lane * kWgmmaM] < p.num_assign;
+    live = int32_t(__ballot_sync(0xffffffffu, row_live));
   }
-  post_item(sm, ring, item, live);
+  if (lane == 0) post_item(sm, ring, code, live);
 }
 
 // The next unclaimed item, for the claiming thread (its first item is blockIdx.x).
