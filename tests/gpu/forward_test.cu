@@ -226,14 +226,17 @@ TEST_F(ForwardTest, CudaGraphCaptureAndReplayOnNewInputs) {
   }
 }
 
-// Decode plans split the down GEMM (plan_forward picks it; checked here, not assumed): the
-// layer still matches the naive loop, bitwise run to run and through a CUDA graph.
+// A decode layer with its down GEMM split along K (the planner's tiles, 4 splits given: its cost
+// model no longer splits on this shape): the layer still matches the naive loop, bitwise run to
+// run and through a CUDA graph.
 TEST_F(ForwardTest, SplitKDecodeLayer) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   Layer layer({4, 4096, 2048, 8, 2}, softmax_renorm(), false, seed);
-  ASSERT_GT(layer.plan.down_splits, 1) << layer.plan.str();
+  layer.plan = plan_forward_with(layer.s, layer.plan.up, layer.plan.down, 4);
+  layer.ws_buf = DeviceBuffer<unsigned char>(workspace_bytes(layer.plan));
+  ASSERT_EQ(layer.plan.down_splits, 4) << layer.plan.str();
   layer.y.poison();
   layer.forward(stream);
   MK_CUDA_CHECK(cudaStreamSynchronize(stream));
