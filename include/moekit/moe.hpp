@@ -97,8 +97,17 @@ struct GemmConfig {
 // The kernels of stage 1 (src/router). Logits of a bf16 w_gate, when the layer computes them, run
 // on the tensor cores in one of these tilings (every one sums each logit in the same order, so
 // the choice changes speed only): a cluster of 8 CTAs per tile (decode), one CTA per tile walking
-// the H slices (prefill), or a pipelined CTA per 128 x 64 tile (prefill with many experts).
-enum class GateKernel : int { cluster_16x8, cluster_32x8, cluster_32x32, looped_64x8, looped_64x32, pipelined_128x64 };
+// the H slices (prefill), or a pipelined CTA per 128 x 64 tile (prefill with many experts; 128 x
+// 32 where 64-expert tiles would leave SMs idle).
+enum class GateKernel : int {
+  cluster_16x8,
+  cluster_32x8,
+  cluster_32x32,
+  looped_64x8,
+  looped_64x32,
+  pipelined_128x64,
+  pipelined_128x32
+};
 // The selection from logits: a warp per token (experts spread over its lanes), or a CTA per token
 // (a thread per expert; decode with 128 < E <= 256, where one warp's chain is the latency).
 enum class SelectKernel : int { warp, cta };

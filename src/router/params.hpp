@@ -92,16 +92,18 @@ MK_HD constexpr int64_t gate_step_table_entries(int64_t hidden) {
   return (hidden + kGateStep - 1) / kGateStep + kGateSlices;
 }
 
-// The pipelined kernel (gate/pipelined.cuh): a CTA per 128 x 64 tile of tokens x experts, a ring
-// of kGatePipeStages stages of kGatePipeGroup steps. Stages of 4 steps, 4 deep: the fastest of
+// The pipelined kernel (gate/pipelined.cuh): a CTA per 128 x COLS tile of tokens x experts (COLS
+// 64, or 32 where 64-column tiles leave SMs idle: twice the CTAs, 4 warps each), a ring of
+// kGatePipeStages stages of kGatePipeGroup steps. Stages of 4 steps, 4 deep: the fastest of
 // 1 x 6, 2 x 6 and 4 x 4 under ncu (DeepSeek-V3 T=16384 gate 510 / 497 / 477 µs; Qwen3 115 / 118 /
 // 110 µs).
-constexpr int kGatePipeRows = 128, kGatePipeCols = 64;
-constexpr int kGatePipeStepBytes = (kGatePipeRows + kGatePipeCols) * kGateStep * 2;  // 12 KB
+constexpr int kGatePipeRows = 128, kGatePipeCols = 64, kGatePipeNarrowCols = 32;
+MK_HD constexpr int gate_pipe_step_bytes(int cols) { return (kGatePipeRows + cols) * kGateStep * 2; }  // 12 or 10 KB
+constexpr int kGatePipeStepBytes = gate_pipe_step_bytes(kGatePipeCols);
 constexpr int kGatePipeGroup = 4, kGatePipeStages = 4;
 // Shared memory of the pipelined kernel for H: the ring, then the step table (two int32 a step).
-MK_HD constexpr int64_t gate_pipelined_smem_bytes(int64_t hidden) {
-  return int64_t(kGatePipeStages) * kGatePipeGroup * kGatePipeStepBytes + 8 * gate_step_table_entries(hidden);
+MK_HD constexpr int64_t gate_pipelined_smem_bytes(int64_t hidden, int cols = kGatePipeCols) {
+  return int64_t(kGatePipeStages) * kGatePipeGroup * gate_pipe_step_bytes(cols) + 8 * gate_step_table_entries(hidden);
 }
 
 }  // namespace moekit::kernels::router

@@ -97,10 +97,12 @@ void launch_gate(const kr::GateParams& p, cudaStream_t stream) {
   launch_gate<MT, NT, kLooped, false>(p, stream);
 }
 
-// The pipelined kernel (gate/pipelined.cuh); the planner picks it only when its shared memory for
-// H fits the device.
+// The pipelined kernel (gate/pipelined.cuh) on tiles of COLS experts; the planner picks it only
+// when its shared memory for H fits the device.
+template <int COLS>
 void launch_gate_pipelined(const kr::GateParams& p, cudaStream_t stream) {
-  auto kernel = kr::gate_logits_pipelined_kernel<kr::kGatePipeGroup, kr::kGatePipeStages>;
+  using Pipe = kr::GatePipe<kr::kGatePipeGroup, kr::kGatePipeStages, COLS>;
+  auto kernel = kr::gate_logits_pipelined_kernel<kr::kGatePipeGroup, kr::kGatePipeStages, COLS>;
   // Once per device: its limit raised to the device's maximum (the step table grows with H).
   static PerDevice<bool> smem_ready;
   smem_ready.get([&](int device) {
@@ -109,10 +111,10 @@ void launch_gate_pipelined(const kr::GateParams& p, cudaStream_t stream) {
     MK_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
     return true;
   });
-  const unsigned e_tiles = unsigned((p.experts + kr::kGatePipeCols - 1) / kr::kGatePipeCols);
+  const unsigned e_tiles = unsigned((p.experts + COLS - 1) / COLS);
   for_each_token_chunk(p, kr::kGatePipeRows, [&](const kr::GateParams& c, unsigned token_tiles) {
-    launch_pdl("gate_logits_pipelined_kernel", kernel, dim3(e_tiles, token_tiles), dim3(32 * kr::kGateWarps),
-               size_t(kr::gate_pipelined_smem_bytes(p.hidden)), stream, c);
+    launch_pdl("gate_logits_pipelined_kernel", kernel, dim3(e_tiles, token_tiles), dim3(Pipe::kThreads),
+               size_t(kr::gate_pipelined_smem_bytes(p.hidden, COLS)), stream, c);
   });
 }
 
@@ -123,7 +125,8 @@ void launch_gate(GateKernel k, const kr::GateParams& p, cudaStream_t stream) {
     case GateKernel::cluster_32x32: return launch_gate<2, 4, false>(p, stream);
     case GateKernel::looped_64x8: return launch_gate<4, 1, true>(p, stream);
     case GateKernel::looped_64x32: return launch_gate<4, 4, true>(p, stream);
-    case GateKernel::pipelined_128x64: return launch_gate_pipelined(p, stream);
+    case GateKernel::pipelined_128x64: return launch_gate_pipelined<kr::kGatePipeCols>(p, stream);
+    case GateKernel::pipelined_128x32: return launch_gate_pipelined<kr::kGatePipeNarrowCols>(p, stream);
   }
 }
 }  // namespace

@@ -211,7 +211,7 @@ TEST(Plan, RecordsTheRouterAndAlignKernels) {
   EXPECT_EQ(qwen256.router.select, SelectKernel::warp);  // E = 128
   EXPECT_EQ(qwen256.align, AlignKernel::cta);            // 2048 assignments
   const ForwardPlan ds4096 = plan_forward(shape_of(kPresets[2], 4096), kH200);
-  EXPECT_EQ(ds4096.router.gate, GateKernel::pipelined_128x64);
+  EXPECT_EQ(ds4096.router.gate, GateKernel::pipelined_128x64);  // 128 of the 128 x 64 tiles: more than half the SMs
   EXPECT_EQ(ds4096.router.select, SelectKernel::warp);  // prefill: throughput, not latency
   EXPECT_EQ(ds4096.align, AlignKernel::grid);
   EXPECT_EQ(plan_forward(shape_of(kPresets[0], 4096), kH200).router.gate, GateKernel::looped_64x8);  // E = 8
@@ -231,6 +231,9 @@ TEST(Plan, RecordsTheRouterAndAlignKernels) {
   EXPECT_EQ(plan_forward_heuristic(shape_of(kPresets[2], 4096), small).router.gate, GateKernel::looped_64x32);
   // The plan prints them.
   EXPECT_NE(ds4096.str().find("router=gate=pipelined128x64 select=warp"), std::string::npos) << ds4096.str();
+  const ForwardPlan ds2048 = plan_forward(shape_of(kPresets[2], 2048), kH200);  // 64 wide tiles: half the SMs
+  EXPECT_EQ(ds2048.router.gate, GateKernel::pipelined_128x32);
+  EXPECT_NE(ds2048.str().find("router=gate=pipelined128x32"), std::string::npos) << ds2048.str();
   EXPECT_NE(ds4096.str().find("align=grid"), std::string::npos) << ds4096.str();
 }
 

@@ -126,28 +126,32 @@ TEST_F(RouterTest, TensorCoreLogitsEveryInstance) {
   check({700, 4096, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});      // mixtral-like: 22 cluster tiles
   check({2100, 2056, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});     // looped 64 x 8: past T = 2048
   check({2100, 72, 40, 3, Scoring::softmax, false, false, false, false, 0, 0, 1.0f});     // looped 64 x 32: 132 cluster tiles
-  // The pipelined 128 x 64 tiles (from 64 of them): 17 x 4, the last token tile and expert tile partial.
+  // The pipelined tiles (from 64 of the 128 x 64 ones), 128 x 32 up to 66 of them: 16 x 7, the
+  // last token tile and expert tile partial; then 128 x 64: 17 x 4 and 34 x 4.
+  check({2000, 2048, 200, 8, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
   check({2100, 2048, 200, 8, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
+  check({4300, 2048, 200, 8, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
 }
 
 // Small cases of every tensor-core kernel for the sanitizers (gpu-check: memcheck, racecheck).
 TEST_F(RouterTest, TensorCoreLogitsSmall) {
   for (int64_t T : {3, 40, 257})
     for (int64_t E : {8, 40}) check({T, 520, E, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});
-  check({2050, 520, 300, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});  // pipelined: 17 x 5 tiles
+  check({1950, 520, 250, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});  // pipelined 128 x 32: 16 x 8 tiles
+  check({2050, 520, 300, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});  // pipelined 128 x 64: 17 x 5
   check({2100, 520, 8, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});    // looped 64 x 8
   check({2100, 520, 40, 2, Scoring::softmax, true, false, false, false, 0, 0, 1.0f});   // looped 64 x 32
 }
 
 // A token's tensor-core logits do not depend on the batch: the same rows give bitwise the same
-// logits at T = 1, 16 (decode clusters), 17 and 300 (32-row clusters) and 2100 (E = 200, 256:
-// the pipelined 128 x 64 tiles, the last token tile partial; E = 8, 64: a CTA walking the
-// slices), and on a second run. H = 7168: 28 steps per slice, roles of 4 and 3 steps;
+// logits at T = 1, 16 (decode clusters), 17 and 300 (32-row clusters), 2000 and 4300 (E = 200,
+// 256: the pipelined 128 x 32 and 128 x 64 tiles, the last token tile partial; E = 8, 64: a CTA
+// walking the slices), and on a second run. H = 7168: 28 steps per slice, roles of 4 and 3 steps;
 // H = 72: three one-step slices, five empty ones and roles without a step.
 TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
   for (int64_t H : {2048, 7168, 72})
   for (int64_t E : {8, 64, 200, 256}) {
-    const int64_t Tmax = 2100;
+    const int64_t Tmax = 4300;
     SCOPED_TRACE("H=" + std::to_string(H));
     std::mt19937_64 rng(fresh_seed());
     const auto x = random_bf16(size_t(Tmax * H), rng);
@@ -156,7 +160,7 @@ TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
     DeviceBuffer<int32_t> d_ids(size_t(Tmax * 2));
     DeviceBuffer<float> d_w(size_t(Tmax * 2)), d_logits(size_t(Tmax * E));
     std::vector<float> first;
-    for (int64_t T : {Tmax, int64_t(1), int64_t(16), int64_t(17), int64_t(300), Tmax}) {
+    for (int64_t T : {Tmax, int64_t(1), int64_t(16), int64_t(17), int64_t(300), int64_t(2000), Tmax}) {
       SCOPED_TRACE("E=" + std::to_string(E) + " T=" + std::to_string(T));
       d_logits.poison();
       route(Tensor(d_x.ptr, DType::bf16, {T, H}), Tensor(d_wg.ptr, DType::bf16, {E, H}), Tensor(), Tensor(),
@@ -168,7 +172,7 @@ TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
         first = got;
         continue;
       }
-      ASSERT_EQ(std::memcmp(got.data(), first.data(), size_t(T * E) * 4), 0) << "logits differ from the first (T=2100) run";
+      ASSERT_EQ(std::memcmp(got.data(), first.data(), size_t(T * E) * 4), 0) << "logits differ from the first (T=4300) run";
     }
   }
 }

@@ -1,5 +1,6 @@
 // pipelined.cuh — the router logits x·w_gateᵀ of a bf16 w_gate for prefill with many experts:
-// a software-pipelined CTA per 128 x 64 tile, bitwise the cluster and looped kernels' logits.
+// a software-pipelined CTA per 128 x 64 (or 128 x 32) tile, bitwise the cluster and looped
+// kernels' logits.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,15 +34,28 @@ namespace moekit::kernels::router {
 // loads' and the order's bookkeeping; 3 accumulator sets (P, V, S) keep the warp tile at 32 x 32.
 // Parts: StepTable (the order), StageLoader (producer), RoleSums (mainloop in the order), and the
 // store of S (epilogue).
-template <int G, int STAGES>
+// COLS: the tile's experts, 64 (8 warps, 4 x 2 over the tile) or 32 (4 warps, 4 x 1): each warp
+// sums its own 32 x 32 whatever the tile, so the narrow tile halves a CTA's work and doubles the
+// CTAs, for the T where 64-column tiles leave SMs idle.
+template <int G, int STAGES, int COLS = kGatePipeCols>
 struct GatePipe {
-  static constexpr int kStageBytes = G * kGatePipeStepBytes;
+  static_assert(COLS == 64 || COLS == 32, "tiles of 64 or 32 experts");
+  static constexpr int kWarps = 4 * (COLS / 32);
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kStepBytes = gate_pipe_step_bytes(COLS);
+  static constexpr int kStageBytes = G * kStepBytes;
   static constexpr int kSmemBytes = STAGES * kStageBytes;  // then the table of the steps' columns
-  static constexpr int kXBytes = kGatePipeRows * kGateStep * 2;  // [128][32] bf16 per step, then w [64][32]
+  static constexpr int kXBytes = kGatePipeRows * kGateStep * 2;  // [128][32] bf16 per step, then w [COLS][32]
+  // 16-byte chunks a step (4 a row of x and of w_gate), a thread's share: 3 (COLS 64) or 5 (32).
+  static constexpr int kChunks = (kGatePipeRows + COLS) * 4 / kThreads;
+  static_assert(kChunks * kThreads == (kGatePipeRows + COLS) * 4, "every thread the same number of chunks");
   static_assert(STAGES >= 3 && kSmemBytes <= 200 * 1024, "a ring of at least 3 stages that fits shared memory");
 };
 static_assert(GatePipe<kGatePipeGroup, kGatePipeStages>::kSmemBytes + 8 * gate_step_table_entries(0) ==
                   gate_pipelined_smem_bytes(0),
+              "params.hpp's shared-memory size (the planner's) must be the kernel's");
+static_assert(GatePipe<kGatePipeGroup, kGatePipeStages, kGatePipeNarrowCols>::kSmemBytes + 8 * gate_step_table_entries(0) ==
+                  gate_pipelined_smem_bytes(0, kGatePipeNarrowCols),
               "params.hpp's shared-memory size (the planner's) must be the kernel's");
 
 // The order as a table in shared memory: entry n = the column where the n-th step of the order
@@ -66,14 +80,15 @@ struct StepTable {
   }
 };
 
-// Producer: every thread's 3 chunks of every step, 512 x chunks (row id/4, chunk id%4), then 256
-// w_gate chunks, loaded G steps (one stage) at a time in the table's order.
-template <int G, int STAGES>
+// Producer: every thread's kChunks chunks of every step, 512 x chunks (row id/4, chunk id%4), then
+// 4 x COLS w_gate chunks, loaded G steps (one stage) at a time in the table's order.
+template <int G, int STAGES, int COLS>
 struct StageLoader {
-  using Pipe = GatePipe<G, STAGES>;
-  const __nv_bfloat16* src[3];
-  bool row_ok[3];
-  uint32_t dst[3];
+  using Pipe = GatePipe<G, STAGES, COLS>;
+  static constexpr int kChunks = Pipe::kChunks;
+  const __nv_bfloat16* src[kChunks];
+  bool row_ok[kChunks];
+  uint32_t dst[kChunks];
   uint32_t smem0;
   int tid;
   int64_t n_load = 0;  // the next step of the table to load
@@ -82,8 +97,8 @@ struct StageLoader {
       : smem0(smem), tid(t) {
     const int64_t H = p.hidden;
 #pragma unroll
-    for (int i = 0; i < 3; ++i) {
-      const int id = tid + i * 32 * kGateWarps;
+    for (int i = 0; i < kChunks; ++i) {
+      const int id = tid + i * Pipe::kThreads;
       const int c = id & 3;
       if (id < kGatePipeRows * 4) {
         const int64_t t = t0 + id / 4;
@@ -104,10 +119,10 @@ struct StageLoader {
     for (int u = 0; u < G; ++u) {
       if (n_load >= table.total) break;
       const int64_t k = table.k[n_load], k_end = table.end[n_load];
-      const uint32_t base = smem0 + uint32_t(slot * Pipe::kStageBytes + u * kGatePipeStepBytes);
+      const uint32_t base = smem0 + uint32_t(slot * Pipe::kStageBytes + u * Pipe::kStepBytes);
 #pragma unroll
-      for (int i = 0; i < 3; ++i) {
-        const int c = (tid + i * 32 * kGateWarps) & 3;
+      for (int i = 0; i < kChunks; ++i) {
+        const int c = (tid + i * Pipe::kThreads) & 3;
         const bool ok = row_ok[i] && k + c * 8 < k_end;
         dev::cp_async16(base + dst[i], src[i] + k, ok ? 16u : 0u);
       }
@@ -177,17 +192,17 @@ struct RoleSums {
   }
 };
 
-template <int G, int STAGES>
-__global__ void __launch_bounds__(32 * kGateWarps, 1) gate_logits_pipelined_kernel(GateParams p) {
-  using Pipe = GatePipe<G, STAGES>;
+template <int G, int STAGES, int COLS>
+__global__ void __launch_bounds__(GatePipe<G, STAGES, COLS>::kThreads, 1) gate_logits_pipelined_kernel(GateParams p) {
+  using Pipe = GatePipe<G, STAGES, COLS>;
   extern __shared__ __align__(128) unsigned char gate_smem[];
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, q = lane & 3;
   const int wm = warp % 4, wn = warp / 4;  // this warp's 32 x 32 of the tile
-  const int e0 = int(blockIdx.x) * kGatePipeCols;
+  const int e0 = int(blockIdx.x) * COLS;
   const int64_t t0 = int64_t(blockIdx.y) * kGatePipeRows;
 
-  StageLoader<G, STAGES> loader(p, dev::smem_addr(gate_smem), tid, e0, t0);
+  StageLoader<G, STAGES, COLS> loader(p, dev::smem_addr(gate_smem), tid, e0, t0);
   const GateSlicing sl(p.hidden);
   const StepTable table(gate_smem + Pipe::kSmemBytes, sl, p.hidden, tid);
   __syncthreads();
@@ -205,7 +220,7 @@ __global__ void __launch_bounds__(32 * kGateWarps, 1) gate_logits_pipelined_kern
 #pragma unroll
     for (int u = 0; u < G; ++u) {
       if (n + u >= table.total) break;
-      const unsigned char* xs = gate_smem + slot * Pipe::kStageBytes + u * kGatePipeStepBytes;
+      const unsigned char* xs = gate_smem + slot * Pipe::kStageBytes + u * Pipe::kStepBytes;
       sums.step(xs, xs + Pipe::kXBytes, wm, wn, g, q);
     }
     slot = slot + 1 == STAGES ? 0 : slot + 1;
