@@ -208,7 +208,7 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     // the epilogue to here, the registers the item's bookkeeping needs.
 #pragma unroll
     for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
-    if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [](int32_t) {});
+    if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     if (live) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
     it = next;
