@@ -33,10 +33,11 @@ inline constexpr uint32_t kHalfBBytes = 128 * kRowBytes;      // B rows 128..255
 template <class Cfg, bool kTmaA = false, class Hook>
 __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                              uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
-                                             bool live, const int (&rows)[2], Hook&& on_step) {
+                                             bool live, const int (&rows)[2], Hook&& after_first_step) {
   static_assert(Cfg::kAccs == 2 * kHalfAccs, "two n128 halves");
   if (!live) {
-    release_stages(sm, k_tiles, pipe, lane, on_step);
+    after_first_step();
+    release_stages(sm, k_tiles, pipe, lane);
     return;
   }
 #pragma unroll
@@ -74,7 +75,7 @@ __device__ __forceinline__ void mma_tile_fp8(float (&acc)[Cfg::kAccs], const Sme
 #pragma unroll
       for (int v = 0; v < kHalfAccs; ++v) acc[half * kHalfAccs + v] += part[v] * ((v & 2) ? s1 : s0);
     }
-    on_step(kt);
+    if (kt == 0) after_first_step();
   }
 }
 

@@ -25,11 +25,6 @@ inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 inline constexpr int kProducerThreads = 128;  // one warpgroup: A gather (cp.async) + B (TMA)
 inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
 inline constexpr int kItemSlots = 2;  // the work-item channel's ring (scheduler.cuh)
-// The consumer warpgroups' stagger (kernel.cuh): warpgroup 1 starts this many k-steps after
-// warpgroup 0, through named barrier kStaggerBar. At most the ring's stages: warpgroup 0 runs
-// that far with no stage handed back by warpgroup 1.
-inline constexpr int kStaggerSteps = 2;
-inline constexpr uint32_t kStaggerBar = 1;
 static_assert(kRowBytes == 128, "the 128B swizzle needs rows of exactly 128 bytes");
 // Registers per thread at launch: the one CTA of an SM shares its 65,536-register file (sm_90),
 // allocated in multiples of 8: 65536 / 384 = 170 -> 168. setmaxnreg then moves them between roles.
@@ -77,7 +72,6 @@ struct Config {
   static_assert(!FP8 || BN == 256, "the fp8 mainloop multiplies two n128 halves");
   static_assert(BN % 64 == 0, "Up stores BN/2 columns in groups of 32 (the quad transpose)");
   static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
-  static_assert(kStaggerSteps <= STAGES, "warpgroup 0 runs the stagger's steps with no stage handed back");
   static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,
                 "every stage must start on a 1024-byte swizzle atom");
   static_assert(kBlockM * kBlockK / 8 == kProducerThreads * 8, "A gather: 8 chunks of 16 B per producer thread");

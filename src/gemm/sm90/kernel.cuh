@@ -59,37 +59,17 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     for (int h = 0; h < 2; ++h) ids[h] = p.sorted_ids[row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h)];
   };
 
-  // The stagger: warpgroup 1 starts its first tile once warpgroup 0 has issued kStaggerSteps
-  // k-steps of its own, and the two stay about that far apart (they meet only at the stages'
-  // barriers), so each one's epilogue runs while the other still multiplies instead of both
-  // leaving the tensor pipe idle at once. Warpgroup 0 arrives once, inside its first tile (a body
-  // of its own: a flag live across every mainloop would cost the consumers a register they do not
-  // have), or before it when there is no tile or K is shorter than the stagger. bf16 only: the FP8
-  // mainloop waits for each of its groups to promote it, so its warpgroups already alternate (and
-  // its consumers have no register to spare for a second body).
-  constexpr bool kStagger = !Cfg::kFp8;
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
   Item it = take_item(sm, ring, lane);
-  if constexpr (kStagger) {
-    if (wg == 0 && (it.item >= items || k_tiles < kStaggerSteps)) ptx::named_bar_arrive(kStaggerBar, kConsumerThreads);
-    if (wg == 1) ptx::named_bar_sync(kStaggerBar, kConsumerThreads);
-  }
   int32_t ids[2] = {0, 0};
   if (it.item < items) load_ids(it.item, ids);
-  auto run_tile = [&](auto first) {
+  while (it.item < items) {
     const TileCoord tile = tile_of(it.item, int32_t(p.n_tiles));
     const int32_t row0 = tile.block * kBlockM;
     const bool live = (it.live >> wg) & 1;
     EpilogueOf<M, Cfg> epi;
-    auto hook = [&](int32_t kt) {
-      if (kt == 0) epi.load_row_data(p, ids);
-      if constexpr (decltype(first)::value)
-        if (wg == 0 && kt == kStaggerSteps - 1) {
-          __syncwarp();  // bar.arrive is warp-aligned
-          ptx::named_bar_arrive(kStaggerBar, kConsumerThreads);
-        }
-    };
+    auto hook = [&] { epi.load_row_data(p, ids); };
     if constexpr (Cfg::kFp8) {
       const int rows[2] = {wg * kWgmmaM + acc_row(warp, lane, 0), wg * kWgmmaM + acc_row(warp, lane, 2)};
       mma_tile_fp8<Cfg, tma_a<M, Cfg>()>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
@@ -110,9 +90,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     }
     it = next;
     ids[0] = next_ids[0], ids[1] = next_ids[1];
-  };
-  if (kStagger && it.item < items) run_tile(std::bool_constant<kStagger>{});
-  while (it.item < items) run_tile(std::false_type{});
+  }
 }
 
 // a_map: A by TMA where tma_a<M, Cfg>() (the FP8 down GEMM: act's rows are contiguous in sorted

@@ -15,18 +15,16 @@ namespace moekit::kernels::gemm::sm90 {
 // acc = A[64 rows of this warpgroup] · B[BN]ᵀ over the whole K of one tile.
 // A warpgroup whose rows are all padding (live = false) only releases the stages: the other one
 // runs alone, at up to the SM's whole tensor rate, and the tile ends sooner.
-// on_step(kt) runs once k-step kt's wgmma group is issued (and, past the first, the previous
-// stage handed back), or for a warpgroup with no live row once stage kt is handed back: the
-// epilogue's loads go after step 0 and the stagger's arrival after its steps (kernel.cuh).
+// after_first_step() runs once the first k-step's wgmma group is issued (the epilogue's loads go
+// there: see kernel.cuh).
 // A warpgroup with no real row in the tile: only hands the tile's stages back as they fill.
-template <class Cfg, class Hook>
+template <class Cfg>
 __device__ __forceinline__ void release_stages(const Smem<Cfg>& sm, int32_t k_tiles, Pipe<Cfg::kStages>& pipe,
-                                               int lane, Hook&& on_step) {
+                                               int lane) {
   for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
     ptx::mbar_wait(sm.full(pipe.stage), pipe.phase);
     __syncwarp();
     if (lane == 0) ptx::mbar_arrive(sm.empty(pipe.stage));
-    on_step(kt);
   }
 }
 
@@ -35,10 +33,11 @@ __device__ __forceinline__ void release_stages(const Smem<Cfg>& sm, int32_t k_ti
 template <class Cfg, bool kBNMajor = false, bool kAMMajor = false, class Hook>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                          uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
-                                         bool live, Hook&& on_step) {
+                                         bool live, Hook&& after_first_step) {
   static_assert(!kAMMajor || kBNMajor, "an M-major A is wrapped with an N-major B only");
   if (!live) {
-    release_stages(sm, k_tiles, pipe, lane, on_step);
+    after_first_step();
+    release_stages(sm, k_tiles, pipe, lane);
     return;
   }
   uint32_t prev_stage = 0;
@@ -71,8 +70,9 @@ __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cf
       ptx::wgmma_wait<1>();  // the previous stage's group is done: hand that stage back
       ptx::fence_operands(acc);
       if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
+    } else {
+      after_first_step();
     }
-    on_step(kt);
     prev_stage = stage;
   }
   ptx::wgmma_wait<0>();

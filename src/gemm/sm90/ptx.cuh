@@ -1,6 +1,6 @@
 // ptx.cuh — the Hopper PTX the wgmma expert GEMM (this folder) is built from:
-// shared-memory words, named barriers, mbarriers, cp.async with mbarrier completion, TMA tile
-// loads, wgmma and its fences, setmaxnreg.
+// shared-memory words, mbarriers, cp.async with mbarrier completion, TMA tile loads, wgmma and its
+// fences, setmaxnreg.
 // Thin wrappers, one instruction each; the protocol that combines them lives in the kernel.
 // Needs sm_90a (wgmma, setmaxnreg).
 #pragma once
@@ -26,15 +26,6 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
-}
-
-// ---- named barriers (kernel.cuh: the consumer warpgroups' stagger) -------------------------------
-// `threads` arrivals complete barrier `id` (0 is __syncthreads'); whole warps only.
-__device__ __forceinline__ void named_bar_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- mbarrier ----------------------------------------------------------------------------------

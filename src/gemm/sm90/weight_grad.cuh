@@ -24,7 +24,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "common/device.cuh"  // pdl_enter
 #include "gemm/common.cuh"  // pack_bf16x2, KGroupedParams
@@ -201,18 +200,7 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
   Item it = take_item<Cfg, true>(sm, ring, lane);
-  // The stagger of kernel.cuh's consume: warpgroup 1 starts once warpgroup 0 has issued
-  // kStaggerSteps k-steps of its first item, so each one's store of a finished tile (128 KB of
-  // FP32 or 64 KB of bf16, after as few as 4-8 k-steps at DeepSeek-V3's 512 rows an expert) runs
-  // while the other still multiplies. Warpgroup 0 arrives once: inside its first item, or before
-  // it when that item has fewer k-steps, or at once when the CTA has no item.
-  auto arrive = [&] {
-    __syncwarp();  // bar.arrive is warp-aligned
-    ptx::named_bar_arrive(kStaggerBar, kConsumerThreads);
-  };
-  if (wg == 0 && it.item >= items) arrive();
-  if (wg == 1) ptx::named_bar_sync(kStaggerBar, kConsumerThreads);
-  auto run_item = [&](auto first) {
+  while (it.item < items) {
     const WeightGradItem w = weight_grad_item(p, it.item);
     const KRange k = k_range(p, w);
     const bool live = w.m0 + wg * kWgmmaM < p.m_dim;  // a partial last M tile may leave warpgroup 1 none
@@ -220,19 +208,11 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     // the epilogue to here, the registers the item's bookkeeping needs.
 #pragma unroll
     for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
-    if constexpr (decltype(first)::value)
-      if (wg == 0 && k.k_tiles < kStaggerSteps) arrive();
-    if (k.k_tiles > 0)
-      mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [&](int32_t kt) {
-        if constexpr (decltype(first)::value)
-          if (wg == 0 && kt == kStaggerSteps - 1) arrive();
-      });
+    if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     if (live) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
     it = next;
-  };
-  if (it.item < items) run_item(std::true_type{});
-  while (it.item < items) run_item(std::false_type{});
+  }
 }
 
 template <bool kATokens>
