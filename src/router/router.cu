@@ -243,8 +243,9 @@ void route(const Tensor& x, const Tensor& w_gate, const Tensor& logits, const Te
   const kernels::router::Params p = detail::router_params(x, w_gate, logits, score_bias, opt, topk_ids.as<int32_t>(),
                                                           topk_weights.as<float>(), T, E, k);
   // route() has no plan: the planner's rule, for this call's shape and the current device.
+  const DeviceInfo& device = tuning::current_device();
   const RouterPlan plan = tuning::plan_router(T, E, p.hidden, logits.given() || use_scratch,
-                                              tuning::current_device().smem_per_block_optin);
+                                              device.smem_per_block_optin, device.sm_count);
   nvtxRangePushA("moekit.route");
   detail::launch_route(plan, p, w_gate.dtype, use_scratch ? logits_scratch.as<float>() : nullptr, stream);
   nvtxRangePop();

@@ -33,14 +33,13 @@ constexpr int64_t kSelectCtaMinExperts = 129;
 // for the final 4 x 4 version).
 constexpr int64_t kGatePipeMinCtas = 64;
 // The 128 x 32 tiles (twice the CTAs, 4 warps each, each warp's 32 x 32 and its work unchanged)
-// up to this many 128 x 64 tiles: half an H100's or H200's 132 SMs, where the wide kernel (one
-// CTA an SM: its 192 KB ring) leaves half of them idle. Router µs, wide -> narrow, by `scripts/ab`
-// on an H100 (two rounds; the narrow tiles then taken below 132 wide ones):
+// where the 128 x 64 tiles would fill at most half the SMs: the wide kernel holds one CTA an SM
+// (its 192 KB ring), so there it leaves half of them idle. Router µs, wide -> narrow, by
+// `scripts/ab` on an H100 (132 SMs; two rounds, the narrow tiles then taken below 132 wide ones):
 //   Qwen3       T = 4096 / 8192  (64 / 128 wide tiles): 50.0 -> 40.6, 52.9 -> 74.3
 //   DeepSeek-V3 T = 2048 / 4096  (64 / 128 wide tiles): 110.9 -> 90.9, 115.6 -> 166.0
 // With 128 wide tiles the narrow grid's 256 CTAs are two waves of a kernel with a long prologue:
 // slower; with 64 it fills the SMs once.
-constexpr int64_t kGatePipeNarrowMaxCtas = 66;
 // Past decode, the cluster tilings (32-row tiles, 8 CTAs each, H's slices reduced through
 // distributed shared memory) while they have at most kGateClusterMaxTiles tiles, up to
 // kGateClusterMaxTokens (the largest T measured). The looped kernel has T/64 x E/32 CTAs, each
@@ -80,7 +79,7 @@ bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin
 // in clusters. Beyond: one CTA per 64 x 32 (64 x 8) tile walking the slices; from kGatePipeMinCtas
 // of its 128 x 64 tiles (E > 8), the pipelined kernel, when its step table fits shared memory.
 RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool logits_in_memory,
-                       int64_t smem_per_block_optin, Precision precision) {
+                       int64_t smem_per_block_optin, int sm_count, Precision precision) {
   namespace kr = kernels::router;
   RouterPlan r;
   const int64_t pipe_ctas =
@@ -95,7 +94,7 @@ RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool log
   else if (tokens <= 256 || (tokens <= kGateClusterMaxTokens && cluster_tiles <= kGateClusterMaxTiles)) r.gate = cluster;
   else if (experts <= 8) r.gate = GateKernel::looped_64x8;
   else if (pipe_ctas < kGatePipeMinCtas || !pipe_fits) r.gate = GateKernel::looped_64x32;
-  else r.gate = pipe_ctas <= kGatePipeNarrowMaxCtas ? GateKernel::pipelined_128x32 : GateKernel::pipelined_128x64;
+  else r.gate = 2 * pipe_ctas <= sm_count ? GateKernel::pipelined_128x32 : GateKernel::pipelined_128x64;
   const bool cta = logits_in_memory && experts >= kSelectCtaMinExperts && experts <= kr::kCtaMaxExperts &&
                    tokens <= kSelectCtaMaxTokens;
   r.select = cta ? SelectKernel::cta : SelectKernel::warp;
@@ -173,7 +172,7 @@ ForwardPlan plan_forward_heuristic(const MoeShape& shape, const DeviceInfo& devi
   detail::expect_shape_precision(shape, precision, "plan_forward");
   detail::expect_hopper(device, "plan_forward");
   const tuning::TileChoice c = tuning::cheapest_tiles(shape, device, precision);
-  ForwardPlan plan = tuning::plan_with(shape, c.up, c.down, c.down_splits, device.smem_per_block_optin);
+  ForwardPlan plan = tuning::plan_with(shape, c.up, c.down, c.down_splits, device.smem_per_block_optin, device.sm_count);
   plan.source = "heuristic";
   return plan;
 }

@@ -65,7 +65,7 @@ void tuning::expect_tile_choice(const MoeShape& shape, const GemmConfig& up, con
 }
 
 ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,
-                              int64_t smem_per_block_optin) {
+                              int64_t smem_per_block_optin, int sm_count) {
   expect_tile_choice(shape, up, down, down_splits, "plan_forward");
   ForwardPlan plan;
   plan.shape = shape;
@@ -73,13 +73,13 @@ ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const
   plan.down = down;
   plan.down_splits = down_splits;
   plan.router = plan_router(shape.tokens, shape.experts, shape.hidden, /*logits_in_memory=*/true, smem_per_block_optin,
-                            up.precision);
+                            sm_count, up.precision);
   plan.align = plan_align(shape.tokens * shape.topk);
   return plan;
 }
 
 ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits) {
-  return tuning::plan_with(shape, up, down, down_splits, tuning::kSm90SmemPerBlockOptin);
+  return tuning::plan_with(shape, up, down, down_splits, tuning::kSm90SmemPerBlockOptin, tuning::kSm90SmCount);
 }
 
 ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device, Precision precision) {

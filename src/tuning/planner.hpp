@@ -15,6 +15,9 @@ namespace moekit::tuning {
 // 227 KB). Plans made without a device (plan_forward_with) size the router's kernels by it;
 // plan_forward uses the device's own value.
 inline constexpr int64_t kSm90SmemPerBlockOptin = 227 * 1024;
+// And the SMs they plan for: an H100 SXM's or an H200's (the router's tilings count CTAs against
+// them); plan_forward uses the device's own count.
+inline constexpr int kSm90SmCount = 132;
 
 // Whether `c` can be an up config: any bf16 config; an fp8 tile must cover whole 128-column act
 // groups (its epilogue quantizes them): block_n 256 (128 gate + 128 up rows), or for the mma.sync
@@ -29,9 +32,10 @@ inline constexpr int kLargestBlockM = 128;
 // layer computes the logits of a bf16 w_gate), and the selection kernel. `logits_in_memory`:
 // whether the selection reads materialised logits (given, or computed into a scratch first);
 // without them only the warp kernel, which computes its token's logits itself, can run.
-// FP8 (`precision`): whether the gate kernel also quantizes x (RouterPlan::quantize_x).
+// FP8 (`precision`): whether the gate kernel also quantizes x (RouterPlan::quantize_x). The
+// device's shared memory a block may opt into and its SM count size the tilings.
 RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool logits_in_memory,
-                       int64_t smem_per_block_optin, Precision precision = Precision::bf16);
+                       int64_t smem_per_block_optin, int sm_count, Precision precision = Precision::bf16);
 // Stage 2: the align kernel for this many assignments (T·k).
 AlignKernel plan_align(int64_t assignments);
 // Splits of the down GEMM's K for a decode config (1: none).
@@ -43,9 +47,9 @@ int plan_down_splits(const MoeShape& shape, const GemmConfig& down, const Device
 void expect_tile_choice(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,
                         const char* entry);
 // A plan with the given GEMM configs (checked as plan_forward_with documents) and the router's and
-// align's kernels for its shape, sized with `smem_per_block_optin`.
+// align's kernels for its shape, sized with `smem_per_block_optin` and `sm_count`.
 ForwardPlan plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,
-                      int64_t smem_per_block_optin);
+                      int64_t smem_per_block_optin, int sm_count);
 
 // What the planner knows of the current device, read once per device (route() plans per call).
 const DeviceInfo& current_device();

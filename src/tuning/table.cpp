@@ -77,7 +77,7 @@ std::optional<ForwardPlan> plan_from_table(std::span<const TuningEntry> table, c
   const TuningEntry* e = find_entry(table, shape, device, precision);
   if (!e) return std::nullopt;
   const TileChoice t = *resolve_entry(*e, device);  // find_entry returns only entries that resolve
-  ForwardPlan plan = plan_with(shape, t.up, t.down, t.down_splits, device.smem_per_block_optin);
+  ForwardPlan plan = plan_with(shape, t.up, t.down, t.down_splits, device.smem_per_block_optin, device.sm_count);
   char bound[32];
   std::snprintf(bound, sizeof bound, "%g", e->rows_per_expert_max);
   plan.source = "table:" + std::string(e->source) + "(rows/expert<=" + bound + ")";

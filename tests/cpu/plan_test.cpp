@@ -93,7 +93,7 @@ TEST(Plan, ModelsBeyondThePresetsArePlannedByTheHeuristicAtEveryT) {
         const std::vector<tuning::TileChoice> cands = tuning::tune_candidates(shape_at(T), h200, precision);
         EXPECT_FALSE(cands.empty());
         for (const tuning::TileChoice& c : cands)
-          EXPECT_NO_THROW(tuning::plan_with(shape_at(T), c.up, c.down, c.down_splits, h200.smem_per_block_optin));
+          EXPECT_NO_THROW(tuning::plan_with(shape_at(T), c.up, c.down, c.down_splits, h200.smem_per_block_optin, h200.sm_count));
       }
     }
   }

@@ -151,10 +151,10 @@ TEST(Fp8Validation, RouterQuantizesXWhereTheGateCan) {
   EXPECT_FALSE(pipe.quantize_x);
   EXPECT_FALSE(router(1, 336, 256, 8, 2, Precision::fp8).quantize_x);  // 64-column slices cut groups
   // The 32 x 32 cluster tiling at H = 7168 needs ~126 KB: on a device with less, the pass.
-  const RouterPlan cl = tuning::plan_router(200, 256, 7168, true, kH200.smem_per_block_optin, Precision::fp8);
+  const RouterPlan cl = tuning::plan_router(200, 256, 7168, true, kH200.smem_per_block_optin, kH200.sm_count, Precision::fp8);
   EXPECT_EQ(cl.gate, GateKernel::cluster_32x32);
   EXPECT_TRUE(cl.quantize_x);
-  EXPECT_FALSE(tuning::plan_router(200, 256, 7168, true, 100 * 1024, Precision::fp8).quantize_x);
+  EXPECT_FALSE(tuning::plan_router(200, 256, 7168, true, 100 * 1024, kH200.sm_count, Precision::fp8).quantize_x);
   EXPECT_EQ(pipe.str().find("+x_q"), std::string::npos);
   EXPECT_NE(cl.str().find("+x_q"), std::string::npos);
 }
