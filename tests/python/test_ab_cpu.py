@@ -20,8 +20,10 @@ a = sys.argv[1:]
 preset, tokens, path = a[a.index("--preset") + 1], a[a.index("--tokens") + 1], a[a.index("--json") + 1]
 speed = float(open(os.path.join(here, "speed")).read())
 argv0 = "/elsewhere/moekit" if os.path.exists(os.path.join(here, "lie")) else sys.argv[0]
+stages = (("backward", "backward-graph", "forward+backward", "backward-saved-h", "forward+backward-saved-h")
+          if "--backward" in a else ("up", "down", "experts", "layer-graph"))
 rows = [{"preset": preset, "tokens": int(t), "stage": s, "impl": "moekit", "ms": int(t) * 1e-3 * speed}
-        for t in tokens.split(",") for s in ("up", "down", "experts", "layer-graph")]
+        for t in tokens.split(",") for s in stages]
 json.dump({"command": " ".join([argv0] + a), "gpu": "stand-in", "read_ceiling_TBps": 4.0,
            "dense_ceiling_TFLOPs": 700.0, "rows": rows}, open(path, "w"))
 '''
@@ -40,10 +42,11 @@ def build(tmp, name, speed, lie=False):
     return d
 
 
-def ab(tmp, *builds, rounds=3):
+def ab(tmp, *builds, rounds=3, bench_args=()):
     out = tmp / "out"
+    extra = ["--", *bench_args] if bench_args else []
     r = subprocess.run([str(AB), *map(str, builds), "--presets", "p1,p2", "--tokens", "16,1024", "--rounds",
-                        str(rounds), "--budget", "120", "--out", str(out)], capture_output=True, text=True)
+                        str(rounds), "--budget", "120", "--out", str(out), *extra], capture_output=True, text=True)
     return r, out
 
 
@@ -79,3 +82,15 @@ def test_a_json_from_another_binary_fails_the_label_check(tmp_path):
     r, out = ab(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 1.0, lie=True), rounds=1)
     assert r.returncode == 1
     assert "labelled new" in (out / "summary.txt").read_text()
+
+
+def test_backward_rows_are_tabled(tmp_path):
+    # `-- --backward`: the bench writes the backward's five rows instead of the forward's stages.
+    r, out = ab(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 0.8), rounds=1,
+                bench_args=("--backward", "--no-baselines"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = (out / "summary.txt").read_text()
+    ratios = [float(m) for m in re.findall(r"^p\d +\d+ [\w+-]+ +[\d.]+ +[\d.]+ +([\d.]+)", summary, re.M)]
+    assert len(ratios) == 2 * 2 * 5  # presets x T x the backward's rows
+    assert all(abs(x - 0.8) < 1e-3 for x in ratios)
+    assert "geomean new/old: backward-saved-h 0.800" in summary
