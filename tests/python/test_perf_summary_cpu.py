@@ -65,3 +65,24 @@ def test_skewed_file_gets_the_busiest_expert_table(tmp_path):
     for t, cell in zip(sorted(by), cells):
         a, b = (float(x) for x in cell.split("/"))
         assert abs(a - by[t]["x_roof"]) < 0.006 and abs(b - by[t]["x_roof_busiest"]) < 0.006
+
+
+def test_tiles_table_counts_padding_tails_and_waves(tmp_path):
+    # Four experts of 128, 129, 64 and 1 rows on the 128 x 256 wgmma tile: warpgroup rows 128 + 192
+    # + 64 + 64 = 448, blocks 1 + 2 + 1 + 1 = 5 (640 tile rows), tail blocks (64 or fewer rows in
+    # an expert's last block) 3; up's 128 act columns a tile at F = 128: 5 tiles on 132 SMs; every
+    # tile's FLOPs at 500 TFLOP/s take 1e12 x 640 / 322 / 5e14 s = 3.975 ms, so 7.950 ms is 2.00x.
+    # A decode (mma.sync) row has no such table row.
+    counts = [128, 129, 64, 1]
+    row = {"preset": "p", "dtype": "bf16", "tokens": 161, "stage": "up", "impl": "moekit", "ms": 7.950,
+           "x_roof": 1.5, "flops": 1e12, "tokens_per_expert": counts, "hidden": 256, "inter": 128,
+           "config": "T=161 up=wgmma-m128n256k64w12x1s4 down=wgmma-m128n256k64w12x1s4 source=given"}
+    decode = dict(row, tokens=1, config="T=1 up=m16n64k128w1x4s4 down=m16n64k128w1x4s4")
+    doc = {"command": "moekit bench --preset p --json x", "date": "-", "gpu": "-", "sm_count": 132,
+           "read_ceiling_TBps": 3.0, "dense_ceiling_TFLOPs": 500.0, "rows": [row, decode]}
+    path = tmp_path / "bench-p-bf16.json"
+    path.write_text(json.dumps(doc))
+    lines = [l for l in run("--tiles", path).splitlines() if l.startswith("| p |")]
+    assert len(lines) == 1
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert cells[2:] == ["161", "up", "7.950", "1.50", f"{448 / 322:.3f}", f"{640 / 322:.3f}", "3 of 5", "0.0", "2.00"]
