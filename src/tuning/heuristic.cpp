@@ -32,14 +32,6 @@ constexpr int64_t kSelectCtaMinExperts = 129;
 // slower than the looped kernel; T=4096, 128 CTAs, 1.4x faster; the threshold was not re-measured
 // for the final 4 x 4 version).
 constexpr int64_t kGatePipeMinCtas = 64;
-// The 128 x 32 tiles (twice the CTAs, 4 warps each, each warp's 32 x 32 and its work unchanged)
-// where the 128 x 64 tiles would fill at most half the SMs: the wide kernel holds one CTA an SM
-// (its 192 KB ring), so there it leaves half of them idle. Router µs, wide -> narrow, by
-// `scripts/ab` on an H100 (132 SMs; two rounds, the narrow tiles then taken below 132 wide ones):
-//   Qwen3       T = 4096 / 8192  (64 / 128 wide tiles): 50.0 -> 40.6, 52.9 -> 74.3
-//   DeepSeek-V3 T = 2048 / 4096  (64 / 128 wide tiles): 110.9 -> 90.9, 115.6 -> 166.0
-// With 128 wide tiles the narrow grid's 256 CTAs are two waves of a kernel with a long prologue:
-// slower; with 64 it fills the SMs once.
 // Past decode, the cluster tilings (32-row tiles, 8 CTAs each, H's slices reduced through
 // distributed shared memory) while they have at most kGateClusterMaxTiles tiles, up to
 // kGateClusterMaxTokens (the largest T measured). The looped kernel has T/64 x E/32 CTAs, each
@@ -77,7 +69,8 @@ bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin
 // Decode: up to 16 tokens, 16 x 8 tiles in clusters, w_gate spread over the most SMs. Up to 256
 // tokens, and beyond while they are few (kGateClusterMaxTiles): 32 x 32 (32 x 8 for E <= 8) tiles
 // in clusters. Beyond: one CTA per 64 x 32 (64 x 8) tile walking the slices; from kGatePipeMinCtas
-// of its 128 x 64 tiles (E > 8), the pipelined kernel, when its step table fits shared memory.
+// of its 128 x 64 tiles (E > 8), the pipelined kernel, when its step table fits shared memory (on
+// 128 x 32 tiles where the 128 x 64 ones would fill at most half the SMs).
 RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool logits_in_memory,
                        int64_t smem_per_block_optin, int sm_count, Precision precision) {
   namespace kr = kernels::router;
@@ -86,15 +79,25 @@ RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool log
       (tokens + kr::kGatePipeRows - 1) / kr::kGatePipeRows * ((experts + kr::kGatePipeCols - 1) / kr::kGatePipeCols);
   const bool pipe_fits = hidden < (int64_t(1) << 30) && kr::gate_pipelined_smem_bytes(hidden) <= smem_per_block_optin;
   const GateKernel cluster = experts <= 8 ? GateKernel::cluster_32x8 : GateKernel::cluster_32x32;
-  using Narrow = kr::GateTile<2, 1>;  // cluster_32x8
-  using Wide = kr::GateTile<2, 4>;    // cluster_32x32
-  const int64_t cols = experts <= 8 ? Narrow::kCols : Wide::kCols;
-  const int64_t cluster_tiles = (tokens + Wide::kRows - 1) / Wide::kRows * ((experts + cols - 1) / cols);
+  using Cluster8 = kr::GateTile<2, 1>;   // cluster_32x8
+  using Cluster32 = kr::GateTile<2, 4>;  // cluster_32x32
+  const int64_t cols = experts <= 8 ? Cluster8::kCols : Cluster32::kCols;
+  const int64_t cluster_tiles = (tokens + Cluster32::kRows - 1) / Cluster32::kRows * ((experts + cols - 1) / cols);
   if (tokens <= 16) r.gate = GateKernel::cluster_16x8;
   else if (tokens <= 256 || (tokens <= kGateClusterMaxTokens && cluster_tiles <= kGateClusterMaxTiles)) r.gate = cluster;
   else if (experts <= 8) r.gate = GateKernel::looped_64x8;
   else if (pipe_ctas < kGatePipeMinCtas || !pipe_fits) r.gate = GateKernel::looped_64x32;
-  else r.gate = 2 * pipe_ctas <= sm_count ? GateKernel::pipelined_128x32 : GateKernel::pipelined_128x64;
+  else {
+    // The 128 x 32 tiles (twice the CTAs, 4 warps each, each warp's 32 x 32 and its work unchanged)
+    // where the 128 x 64 tiles would fill at most half the SMs: the wide kernel holds one CTA an SM
+    // (its 192 KB ring), so there it leaves half of them idle. Router µs, wide -> narrow, by
+    // `scripts/ab` on an H100 (132 SMs; two rounds, the narrow tiles then taken below 132 wide ones):
+    //   Qwen3       T = 4096 / 8192  (64 / 128 wide tiles): 50.0 -> 40.6, 52.9 -> 74.3
+    //   DeepSeek-V3 T = 2048 / 4096  (64 / 128 wide tiles): 110.9 -> 90.9, 115.6 -> 166.0
+    // With 128 wide tiles the narrow grid's 256 CTAs are two waves of a kernel with a long prologue:
+    // slower; with 64 it fills the SMs once.
+    r.gate = 2 * pipe_ctas <= sm_count ? GateKernel::pipelined_128x32 : GateKernel::pipelined_128x64;
+  }
   const bool cta = logits_in_memory && experts >= kSelectCtaMinExperts && experts <= kr::kCtaMaxExperts &&
                    tokens <= kSelectCtaMaxTokens;
   r.select = cta ? SelectKernel::cta : SelectKernel::warp;

@@ -46,9 +46,13 @@ struct Layer {
       bias = random_f32(size_t(s.experts), rng, 0.1f);
       d_bias = DeviceBuffer<float>(bias);
     }
-    plan = plan_forward(s, query_device());
-    ws_buf = DeviceBuffer<unsigned char>(workspace_bytes(plan));
+    use_plan(plan_forward(s, query_device()));
     MK_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  // The plan the layer runs, and a workspace of its size.
+  void use_plan(const ForwardPlan& p) {
+    plan = p;
+    ws_buf = DeviceBuffer<unsigned char>(workspace_bytes(plan));
   }
   void fill_x(uint64_t seed) {
     seeds.x = seed;
@@ -234,8 +238,7 @@ TEST_F(ForwardTest, SplitKDecodeLayer) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   Layer layer({4, 4096, 2048, 8, 2}, softmax_renorm(), false, seed);
-  layer.plan = plan_forward_with(layer.s, layer.plan.up, layer.plan.down, 4);
-  layer.ws_buf = DeviceBuffer<unsigned char>(workspace_bytes(layer.plan));
+  layer.use_plan(plan_forward_with(layer.s, layer.plan.up, layer.plan.down, 4));
   ASSERT_EQ(layer.plan.down_splits, 4) << layer.plan.str();
   layer.y.poison();
   layer.forward(stream);

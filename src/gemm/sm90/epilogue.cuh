@@ -39,6 +39,19 @@ __device__ __forceinline__ void store_row_groups(const Params& p, bool row_ok, i
   }
 }
 
+// The SiLUs of an Up tile's gate group g in row half h (the 8 gate columns 8(4g + i) + 2q, +1 of
+// this lane q), bf16's and FP8's epilogue alike. A padding row (never stored; its sums are exact
+// zeros, or stale in a warpgroup with no real row) takes a gate of 1: zero is outside SiLU's fast
+// range, and the exact fallback is a branch its whole warp would wait for (common/silu.cuh).
+template <int kAccs>
+__device__ __forceinline__ void gate_silus(const float (&acc)[kAccs], int g, int h, bool row_ok, float (&silu)[8]) {
+  float gate[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    gate[2 * i] = row_ok ? acc[epi_acc(g, i, h)] : 1.0f, gate[2 * i + 1] = row_ok ? acc[epi_acc(g, i, h) + 1] : 1.0f;
+  dev::silu_group(gate, silu);
+}
+
 template <Mode M, class Cfg>
 struct Epilogue;
 
@@ -54,14 +67,8 @@ struct Epilogue<Mode::Up, Cfg> {
                                         int32_t out_row, int32_t n0, int lane) const {
     const bool row_ok = id < p.num_assign;
     store_row_groups<kOutBlocks>(p, row_ok, out_row, n0, lane, [&](int g, uint32_t(&x)[4]) {
-      float gate[8], silu[8];  // the 8 gate values of this group, their SiLUs as one group
-      // A padding row (never stored; its sums are exact zeros, or stale in a warpgroup with no
-      // real row) takes a gate of 1: zero is outside SiLU's fast range, and the exact fallback is
-      // a branch its whole warp would wait for (common/silu.cuh).
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        gate[2 * i] = row_ok ? acc[epi_acc(g, i, h)] : 1.0f, gate[2 * i + 1] = row_ok ? acc[epi_acc(g, i, h) + 1] : 1.0f;
-      dev::silu_group(gate, silu);
+      float silu[8];
+      gate_silus(acc, g, h, row_ok, silu);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int u = epi_acc(g, i, h) + 4 * kUpBlock0;  // the same column of the up half

@@ -16,6 +16,7 @@
 #include "common/fp8.cuh"
 #include "common/silu.cuh"
 #include "gemm/common.cuh"
+#include "gemm/sm90/epilogue.cuh"  // gate_silus
 #include "gemm/sm90/layout.hpp"
 #include "gemm/sm90/mainloop.cuh"
 #include "gemm/sm90/pipeline.cuh"
@@ -96,13 +97,8 @@ struct Fp8UpEpilogue {
     float amax = 0.0f;
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
-      float gate[8], silu[8];
-      // A padding row (never stored) takes a gate of 1: its zero sums would leave SiLU's fast
-      // range for the exact fallback, a branch the whole warp waits for (common/silu.cuh).
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        gate[2 * i] = row_ok ? acc[epi_acc(g, i, h)] : 1.0f, gate[2 * i + 1] = row_ok ? acc[epi_acc(g, i, h) + 1] : 1.0f;
-      dev::silu_group(gate, silu);
+      float silu[8];
+      gate_silus(acc, g, h, row_ok, silu);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
