@@ -135,7 +135,8 @@ int64_t worst_case_rows(const MoeShape& shape, int block_m);
 struct ForwardPlan {
   MoeShape shape;
   GemmConfig up, down;     // both of one block_m: the two GEMMs read one aligned layout
-  // Split-K of the down GEMM (decode: too few output tiles to fill the GPU). With S > 1 the
+  // Split-K of the down GEMM (too few output tiles to fill the GPU: decode on the mma.sync
+  // kernel; few experts at mid-size T on the bf16 wgmma kernel, up to 4 slices). With S > 1 the
   // down GEMM writes FP32 partial rows (ws.y_partials) and combine sums them in fixed order.
   int down_splits = 1;
   RouterPlan router;

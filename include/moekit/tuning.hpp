@@ -46,7 +46,8 @@ std::string device_slug(std::string_view device_name);
 // Every candidate `moekit tune` times for `shape` on `device`: each pair (up, down) of compiled
 // configs with one block_m whose pipelines fit the device's shared memory; for an mma.sync down
 // config every down_splits in {1, 2, 4, ..., kMaxDownSplits} that leaves each K-slice at least
-// one K-tile, for wgmma only 1. Ordered by block_m, then up, then down, then splits.
+// one K-tile; for a wgmma down config 1, 2 and 4 in bf16, only 1 in fp8. Ordered by block_m, then
+// up, then down, then splits.
 std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo& device,
                                         Precision precision = Precision::bf16);
 

@@ -25,6 +25,11 @@ bool tuning::up_config_ok(const GemmConfig& c) {
   return cols > 0 && kFp8Block % cols == 0 && kFp8Block / cols <= 8;
 }
 
+bool tuning::down_splits_ok(const GemmConfig& down, int splits) {
+  if (splits == 1 || down.kernel == GemmKernel::mma_sync) return true;
+  return down.precision == Precision::bf16 && splits <= kMaxWgmmaDownSplits;
+}
+
 std::string GemmConfig::str() const {
   return std::string(precision == Precision::fp8 ? "fp8-" : "") + (kernel == GemmKernel::wgmma ? "wgmma-" : "") + "m" + std::to_string(block_m) + "n" +
          std::to_string(block_n) + "k" + std::to_string(block_k) + "w" + std::to_string(warps_m) + "x" +

@@ -59,9 +59,10 @@ void tuning::expect_tile_choice(const MoeShape& shape, const GemmConfig& up, con
   if (down_splits < 1 || down_splits > kMaxDownSplits)
     detail::fail(entry, "down_splits",
                  "must be in [1, " + std::to_string(kMaxDownSplits) + "], got " + std::to_string(down_splits));
-  if (down_splits > 1 && down.kernel != GemmKernel::mma_sync)
+  if (!tuning::down_splits_ok(down, down_splits))
     detail::fail(entry, "down_splits",
-                 "split-K is a decode technique of the mma.sync kernel; " + down.str() + " has none");
+                 "the wgmma down GEMM splits K in bf16 only, into at most " + std::to_string(kMaxWgmmaDownSplits) +
+                     " slices; " + down.str() + " got " + std::to_string(down_splits));
 }
 
 ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,

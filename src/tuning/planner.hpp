@@ -24,6 +24,12 @@ inline constexpr int kSm90SmCount = 132;
 // kernel 1/2, 1/4 or 1/8 of a group (a cluster of CTAs per group, gemm/mma_sync/fp8.cuh).
 bool up_config_ok(const GemmConfig& c);
 
+// Whether `down` can take `splits` K-slices (1 <= splits <= kMaxDownSplits checked apart): any
+// mma.sync config; the wgmma kernel in bf16 up to kMaxWgmmaDownSplits (its split-K answers the few
+// waves of few experts' down tiles, a few slices at most; its FP8 down has none).
+inline constexpr int kMaxWgmmaDownSplits = 4;
+bool down_splits_ok(const GemmConfig& down, int splits);
+
 // The largest block_m of any compiled config (the wgmma tile; configs.cpp checks every config
 // against it): shape validation sizes the worst-case layout with it.
 inline constexpr int kLargestBlockM = 128;

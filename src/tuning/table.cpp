@@ -41,7 +41,7 @@ static bool fits(const GemmConfig& c, const DeviceInfo& device) {
 static bool valid_choice(const TileChoice& t, const DeviceInfo& device) {
   return t.up.block_m == t.down.block_m && t.up.precision == t.down.precision &&
          up_config_ok(t.up) && t.down_splits >= 1 && t.down_splits <= kMaxDownSplits &&
-         (t.down_splits == 1 || t.down.kernel == GemmKernel::mma_sync) && fits(t.up, device) && fits(t.down, device);
+         down_splits_ok(t.down, t.down_splits) && fits(t.up, device) && fits(t.down, device);
 }
 
 std::optional<TileChoice> resolve_entry(const TuningEntry& e, const DeviceInfo& device) {
@@ -110,10 +110,10 @@ std::vector<TileChoice> tune_candidates(const MoeShape& shape, const DeviceInfo&
       for (const GemmConfig& down : compiled) {
         if (up.block_m != bm || down.block_m != bm || !fits(up, device) || !fits(down, device)) continue;
         if (!up_config_ok(up)) continue;  // plan_with's rule
-        // Split-K is the mma.sync kernel's; an empty K-slice would only add a zero partial.
+        // Split-K where the kernel has it (down_splits_ok); an empty K-slice would only add a zero partial.
         const int64_t k_tiles = (shape.inter + down.block_k - 1) / down.block_k;
         for (int splits = 1; splits <= kMaxDownSplits; splits *= 2) {
-          if (splits > 1 && (down.kernel != GemmKernel::mma_sync || splits > k_tiles)) break;
+          if (splits > 1 && (!down_splits_ok(down, splits) || splits > k_tiles)) break;
           out.push_back({up, down, splits});
         }
       }

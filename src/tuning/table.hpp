@@ -38,7 +38,7 @@ std::span<const TuningEntry> compiled_tuning_table();
 const GemmConfig* compiled_config_named(std::string_view name);
 
 // The configs an entry names, when plan_forward_with would accept them on `device`: both
-// compiled, one block_m, down_splits in [1, kMaxDownSplits] (and 1 unless down is mma.sync),
+// compiled, one block_m, down_splits in [1, kMaxDownSplits] that the down config takes (down_splits_ok),
 // both pipelines within the device's shared memory. nullopt for a stale entry (e.g. a config since
 // removed from src/gemm/configs.hpp): plan_forward then skips it, never fails on it.
 std::optional<TileChoice> resolve_entry(const TuningEntry& e, const DeviceInfo& device);

@@ -244,6 +244,61 @@ TEST(Sm90Epilogue, StoredVectorsHoldTheirOwnRowAndColumns) {
     }
 }
 
+// Split-K's FP32 partial rows (epilogue.cuh, store_partial_row): the even columns' and the odd
+// columns' accumulators transposed apart, then interleaved into two 16-byte stores, put lane q's
+// 8 consecutive columns of the group in order, as store_row_groups' bf16 pairs.
+TEST(Sm90Epilogue, PartialRowsStoreEightConsecutiveColumns) {
+  for (int lane0 = 0; lane0 < 32; lane0 += 4) {
+    QuadSim sim;
+    std::vector<int> stored[4];
+    sim.run([&](int q, auto& shfl) {
+      const int lane = lane0 + q;
+      for (int g = 0; g < 2; ++g) {
+        uint32_t even[4], odd[4];
+        for (int i = 0; i < 4; ++i) {
+          const int v = epi_acc(g, i, 0);
+          even[i] = uint32_t(acc_col(lane, v)), odd[i] = uint32_t(acc_col(lane, v + 1));
+        }
+        quad_transpose(even, q, shfl);
+        quad_transpose(odd, q, shfl);
+        const uint32_t vec[8] = {even[0], odd[0], even[1], odd[1], even[2], odd[2], even[3], odd[3]};
+        for (int c = 0; c < 8; ++c) {
+          EXPECT_EQ(int(vec[c]), epi_store_col(g, q) + c) << "lane " << lane << " g " << g << " element " << c;
+          stored[q].push_back(int(vec[c]));
+        }
+      }
+    });
+    std::vector<int> all;
+    for (const auto& v : stored) all.insert(all.end(), v.begin(), v.end());
+    std::sort(all.begin(), all.end());
+    for (int c = 0; c < 64; ++c) ASSERT_EQ(all[size_t(c)], c) << "each of the 2 groups' 32 columns stored once";
+  }
+}
+
+// Split-K (k_slice): the column index n_tile · splits + split gives each output column tile
+// every one of its K-tiles exactly once over its slices, in slices of at most per_split; a slice
+// past K has none; one slice is the whole K.
+TEST(Sm90Schedule, KSlicesCoverEveryColumnTilesKOnce) {
+  for (int32_t splits : {1, 2, 3, 4})
+    for (int32_t k_tiles : {1, 2, 3, 5, 9, 16, 224})
+      for (int32_t n_tiles : {1, 16}) {
+        const int32_t per_split = (k_tiles + splits - 1) / splits;
+        std::vector<std::vector<int>> hits(size_t(n_tiles), std::vector<int>(size_t(k_tiles), 0));
+        for (int32_t column = 0; column < n_tiles * splits; ++column) {
+          const KSlice ks = k_slice(column, splits, per_split, k_tiles);
+          ASSERT_TRUE(ks.n_tile >= 0 && ks.n_tile < n_tiles && ks.split == column % splits);
+          ASSERT_TRUE(ks.count >= 0 && ks.count <= per_split && ks.kt0 == ks.split * per_split);
+          if (splits == 1) ASSERT_TRUE(ks.kt0 == 0 && ks.count == k_tiles);
+          for (int32_t kt = ks.kt0; kt < ks.kt0 + ks.count; ++kt) {
+            ASSERT_LT(kt, k_tiles);
+            ++hits[size_t(ks.n_tile)][size_t(kt)];
+          }
+        }
+        for (const auto& tile : hits)
+          for (int h : tile) ASSERT_EQ(h, 1) << "splits " << splits << " k_tiles " << k_tiles;
+      }
+}
+
 TEST(Sm90Schedule, ItemsMapOntoEveryTileOnceInTheFixedGroupOrder) {
   for (int32_t blocks : {1, 7, 8, 9, 17, 64, 133})
     for (int32_t n_tiles : {1, 3, 8, 28}) {

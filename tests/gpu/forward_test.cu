@@ -1,6 +1,7 @@
 // forward_test.cu — the whole layer (moe_forward) on the GPU against the naive per-expert loop:
 // model-shaped presets, adversarial routings through the caller-given-ids entry, bitwise
-// determinism, CUDA-graph capture and replay on new inputs, T = 0, and 64-bit offsets.
+// determinism, CUDA-graph capture and replay on new inputs, split-K down GEMMs (decode on mma.sync,
+// prefill on wgmma), T = 0, and 64-bit offsets.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -250,6 +251,36 @@ TEST_F(ForwardTest, SplitKDecodeLayer) {
   graph.launch(stream);
   MK_CUDA_CHECK(cudaStreamSynchronize(stream));
   EXPECT_EQ(layer.y.download(), first);
+}
+
+// A prefill layer with its wgmma down GEMM split along K (2 and 4 slices of a ragged F: 16
+// K-tiles of F = 1000), for every compiled wgmma config: the naive loop's result, bitwise run to
+// run and through a CUDA graph.
+TEST_F(ForwardTest, SplitKOnWgmmaDown) {
+  for (const GemmConfig& c : compiled_gemm_configs())
+    for (int S : {2, 4}) {
+      if (c.kernel != GemmKernel::wgmma) continue;
+      const uint64_t seed = fresh_seed();
+      SCOPED_TRACE("seed " + std::to_string(seed) + " " + c.str() + " splits " + std::to_string(S));
+      std::mt19937_64 rng(seed);
+      Layer layer({1024, 1024, 1000, 8, 2}, softmax_renorm(), false, seed);
+      layer.use_plan(plan_forward_with(layer.s, c, c, S));
+      layer.y.poison();
+      layer.forward(stream);
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      check_status(layer.ws(), stream);
+      layer.check_tokens(sample_tokens(1024, 16, rng));
+      const auto first = layer.y.download();
+      layer.y.poison();
+      layer.forward(stream);
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      ASSERT_EQ(layer.y.download(), first) << "the second run differs";
+      const CapturedGraph graph(stream, [&] { layer.forward(stream); });
+      layer.y.poison();
+      graph.launch(stream);
+      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+      EXPECT_EQ(layer.y.download(), first) << "the graph's replay differs";
+    }
 }
 
 TEST_F(ForwardTest, EmptyBatchIsValid) {

@@ -2,7 +2,8 @@
 // CPU oracle, as gemm_test.cu checks the mma.sync kernel: relative-norm error on random data,
 // exact results on small integers, padding rows never written, every assignment row written,
 // adversarial routings (counts 0, 1, BLOCK_M, BLOCK_M+1; K and N not multiples of the tile),
-// many tiles per CTA, and bitwise determinism across runs — for every compiled block_n.
+// many tiles per CTA, and bitwise determinism across runs — for every compiled block_n; and the
+// down GEMM split along K (FP32 partial rows, a K-slice past K included).
 //
 // Built for one device run that must explain any failure by itself: each mismatch report names
 // the mode, the sorted row / assignment, the column, expected and got, and where in the same row
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -104,6 +106,7 @@ class Sm90GemmTest : public GpuTest {
  protected:
   struct Outputs {
     std::vector<ref::bf16> act, y_rows;
+    std::vector<float> y_partials;  // split-K: [S, T*k, H]
   };
 
   Params routing_params(const ForwardPlan& plan, const Workspace& ws) const {
@@ -117,13 +120,15 @@ class Sm90GemmTest : public GpuTest {
     return p;
   }
 
-  void run(const Sm90Case& c, int block_n, bool small_ints) {
+  // splits > 1: the down GEMM split along K (the plan, from the mma.sync config that shares the
+  // block_m, sizes y_partials).
+  void run(const Sm90Case& c, int block_n, bool small_ints, int splits = 1) {
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed) + " block_n " + std::to_string(block_n) + " T=" + std::to_string(c.T) +
                  " H=" + std::to_string(c.H) + " F=" + std::to_string(c.F) + " E=" + std::to_string(c.E) +
-                 " k=" + std::to_string(c.k) + (small_ints ? " ints" : " random"));
+                 " k=" + std::to_string(c.k) + (small_ints ? " ints" : " random") + " splits " + std::to_string(splits));
     std::mt19937_64 rng(seed);
-    const ForwardPlan plan = plan_forward_with({c.T, c.H, c.F, c.E, c.k}, kPlanConfig, kPlanConfig);
+    const ForwardPlan plan = plan_forward_with({c.T, c.H, c.F, c.E, c.k}, kPlanConfig, kPlanConfig, splits);
     run_with_ids(plan, make_routing(c.kind, c.T, c.k, c.E, rng), rng, block_n, small_ints);
   }
 
@@ -205,11 +210,43 @@ class Sm90GemmTest : public GpuTest {
     down.k_dim = s.inter;
     down.n_dim = s.hidden;
     down.b_expert_stride = s.hidden * s.inter;
+    const int S = plan.down_splits;
+    if (S > 1) {  // every partial poisoned (NaN): each (slice, assignment, column) must be written
+      down.k_splits = S;
+      down.partials = ws.y_partials.as<float>();
+      MK_CUDA_CHECK(cudaMemset(ws.y_partials.data, 0xff, size_t(S * TK * s.hidden) * 4));
+    }
     detail::launch_sm90_expert_gemm(Mode::Down, down, plan, stream, block_n);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    out.y_rows.resize(static_cast<size_t>(TK * s.hidden));
-    MK_CUDA_CHECK(cudaMemcpy(out.y_rows.data(), ws.y_rows.data, out.y_rows.size() * 2, cudaMemcpyDeviceToHost));
-    const std::vector<ref::bf16>& y_rows = out.y_rows;
+    // y_rows, or with split-K the sum of each assignment's partial rows (in double: what
+    // combine_partials sums in FP32); a partial never written stays NaN and fails the checks.
+    std::function<double(int32_t a, int64_t h)> y_at;
+    if (S > 1) {
+      out.y_partials.resize(static_cast<size_t>(S * TK * s.hidden));
+      MK_CUDA_CHECK(cudaMemcpy(out.y_partials.data(), ws.y_partials.data, out.y_partials.size() * 4,
+                               cudaMemcpyDeviceToHost));
+      y_at = [&](int32_t a, int64_t h) {
+        double sum = 0;
+        for (int sp = 0; sp < S; ++sp) sum += out.y_partials[size_t((sp * TK + a) * s.hidden + h)];
+        return sum;
+      };
+      // A K-slice past K (S > K-tiles) multiplies nothing: its partials are zeros, not stale sums.
+      const int64_t k_tiles = (s.inter + 63) / 64, per_split = (k_tiles + S - 1) / S;
+      for (int sp = int(k_tiles / per_split + (k_tiles % per_split != 0)); sp < S; ++sp)
+        for (int64_t i = 0; i < TK * s.hidden; ++i)
+          if (out.y_partials[size_t(sp * TK * s.hidden + i)] != 0.0f) {
+            ADD_FAILURE() << "Down: slice " << sp << " is past K (" << k_tiles << " K-tiles) but element " << i
+                          << " of its partials is " << out.y_partials[size_t(sp * TK * s.hidden + i)];
+            return out;
+          }
+    } else {
+      out.y_rows.resize(static_cast<size_t>(TK * s.hidden));
+      MK_CUDA_CHECK(cudaMemcpy(out.y_rows.data(), ws.y_rows.data, out.y_rows.size() * 2, cudaMemcpyDeviceToHost));
+      y_at = [&](int32_t a, int64_t h) { return double(ref::to_float(out.y_rows[size_t(a * s.hidden + h)])); };
+    }
+    // Small integers are exact through bf16 y_rows; the partials' sum rounds the weights' products
+    // per slice, so it is held to the random data's bound.
+    const bool exact = small_ints && S == 1;
 
     const auto ref_ys = oracle_rows(al, TK, [&](int32_t r, int32_t a) {
       const int32_t e = al.block_expert[size_t(r / plan.block_m())];
@@ -226,23 +263,23 @@ class Sm90GemmTest : public GpuTest {
       const std::vector<double>& ref_y = ref_ys[size_t(r)];
       const double rms = rms_of(ref_y);
       for (int64_t h = 0; h < s.hidden; ++h) {
-        const ref::bf16 gb = y_rows[size_t(a * s.hidden + h)];
-        const double g = ref::to_float(gb);
-        const bool bad = small_ints ? gb != ref::to_bf16(float(ref_y[size_t(h)]))
-                                    : !(std::fabs(g - ref_y[size_t(h)]) <= kElemRelTol * (std::fabs(ref_y[size_t(h)]) + rms));
+        const double g = y_at(a, h);
+        const bool bad = exact ? out.y_rows[size_t(a * s.hidden + h)] != ref::to_bf16(float(ref_y[size_t(h)]))
+                               : !(std::fabs(g - ref_y[size_t(h)]) <= kElemRelTol * (std::fabs(ref_y[size_t(h)]) + rms));
         if (bad) down_bad.add(r, a, h, ref_y[size_t(h)], g);
         got.push_back(g);
       }
       want.insert(want.end(), ref_y.begin(), ref_y.end());
     }
     EXPECT_EQ(rows_checked, TK) << "every assignment must have one sorted row";
-    EXPECT_EQ(down_bad.count, 0) << "Down: " << down_bad.count << (small_ints ? " inexact" : " far-off")
+    EXPECT_EQ(down_bad.count, 0) << "Down: " << down_bad.count << (exact ? " inexact" : " far-off")
                                  << " elements; first:\n" << down_bad.report;
     EXPECT_LE(ref::rel_norm_error(got, want), kDownRelTol) << "Down";
     // Every assignment row written: a poisoned (NaN) element would have failed above, but say so.
     int64_t poisoned = 0;
-    for (ref::bf16 v : y_rows) poisoned += v == 0xffff;
-    EXPECT_EQ(poisoned, 0) << "y_rows elements never written";
+    for (ref::bf16 v : out.y_rows) poisoned += v == 0xffff;
+    for (float v : out.y_partials) poisoned += std::isnan(v);
+    EXPECT_EQ(poisoned, 0) << (S > 1 ? "y_partials" : "y_rows") << " elements never written";
     return out;
   }
 };
@@ -308,6 +345,37 @@ TEST_F(Sm90GemmTest, BitwiseDeterministic) {
     for (size_t i = 0; i < a.y_rows.size(); ++i)
       ASSERT_EQ(a.y_rows[i], b.y_rows[i]) << "y_rows element " << i << " differs between runs";
   }
+}
+
+// The down GEMM split along K (bf16, 2 and 4 slices): random data with a ragged K whose last
+// slice is past its end (F = 520: 9 K-tiles, 4 slices of 3), small integers on one expert with a
+// slice past K (F = 136: 3 K-tiles), empty experts, one token, per-expert counts 0, 1, BLOCK_M,
+// BLOCK_M+1, many tiles per CTA, and the partials bitwise the same run to run.
+TEST_F(Sm90GemmTest, SplitKDown) {
+  for (int bn : wgmma_block_ns())
+    for (int S : {2, 4}) {
+      run({300, 1000, 520, 4, 2, RoutingKind::Uniform}, bn, false, S);
+      run({17, 192, 136, 4, 2, RoutingKind::AllOnOne}, bn, true, S);
+      run({100, 128, 256, 32, 2, RoutingKind::EmptyExperts}, bn, false, S);
+      run({1, 128, 264, 32, 4, RoutingKind::SingleToken}, bn, false, S);
+      run({3072, 768, 384, 4, 2, RoutingKind::Uniform}, bn, true, S);
+      const int64_t bm = kPlanConfig.block_m;
+      const std::vector<int64_t> counts = {0, 1, bm, bm + 1, 0, 1, 2 * bm - 1};
+      int64_t total = 0;
+      for (int64_t c : counts) total += c;
+      const uint64_t seed = fresh_seed();
+      SCOPED_TRACE("counts 0,1,128,129,0,1,255 block_n " + std::to_string(bn) + " splits " + std::to_string(S) +
+                   " seed " + std::to_string(seed));
+      std::mt19937_64 rng(seed);
+      const ForwardPlan plan = plan_forward_with({total, 136, 328, int64_t(counts.size()), 1}, kPlanConfig, kPlanConfig, S);
+      const auto ids = routing_with_counts(counts, 1);
+      std::mt19937_64 rng1(seed + 1), rng2(seed + 1);
+      const Outputs a = run_with_ids(plan, ids, rng1, bn, false);
+      const Outputs b = run_with_ids(plan, ids, rng2, bn, false);
+      ASSERT_EQ(a.y_partials.size(), size_t(S * total * 136));
+      ASSERT_EQ(std::memcmp(a.y_partials.data(), b.y_partials.data(), a.y_partials.size() * 4), 0)
+          << "y_partials differ between runs";
+    }
 }
 
 // The launcher is unchecked: what it cannot run is refused at the public boundary, before any

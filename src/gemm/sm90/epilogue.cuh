@@ -1,7 +1,7 @@
 // epilogue.cuh — what the Hopper expert GEMM's consumers do with a finished tile, per mode, from
 // registers: Up — silu(g)·u from the paired gate/up accumulators, stored to act row r (sorted
 // order); UpH — g and u as they are, to h row r; UpSaveH — both; Down — times the routing
-// weight, stored to y_rows row a = sorted_ids[r]; Dx (the backward's dx_rows) — stored as they
+// weight, stored to y_rows row a = sorted_ids[r] (split-K: as FP32 to partials[split][a]); Dx (the backward's dx_rows) — stored as they
 // are to row a; DGrad (the backward's D) — the SwiGLU backward. Padding rows and columns past
 // n_dim are never stored. Every output element is one thread's fixed-order sum:
 // bitwise deterministic.
@@ -36,6 +36,33 @@ __device__ __forceinline__ void store_row_groups(const Params& p, bool row_ok, i
     const int32_t n = n0 + epi_store_col(g, q);
     if (row_ok && n < p.n_dim)
       *reinterpret_cast<uint4*>(p.out + int64_t(out_row) * p.n_dim + n) = make_uint4(x[0], x[1], x[2], x[3]);
+  }
+}
+
+// Split-K's FP32 partial row (the bf16 down GEMM, geometry.hpp: splits_k): columns [n0, n0 +
+// kOutBlocks·8) of `row` (partials[split][a]), value(v) of accumulator v of row half h. The
+// quad transpose as store_row_groups', once for the even columns and once for the odd, so each
+// lane stores its 8 consecutive columns as two 16-byte stores.
+template <int kOutBlocks, class Value>
+__device__ __forceinline__ void store_partial_row(const Params& p, float* row, bool row_ok, int32_t n0, int h,
+                                                  int lane, Value&& value) {
+  const int q = lane & 3;
+  auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
+#pragma unroll
+  for (int g = 0; g < kOutBlocks / 4; ++g) {
+    uint32_t even[4], odd[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int v = epi_acc(g, i, h);
+      even[i] = __float_as_uint(value(v)), odd[i] = __float_as_uint(value(v + 1));
+    }
+    quad_transpose(even, q, shfl);
+    quad_transpose(odd, q, shfl);
+    const int32_t n = n0 + epi_store_col(g, q);
+    if (row_ok && n < p.n_dim) {
+      *reinterpret_cast<uint4*>(row + n) = make_uint4(even[0], odd[0], even[1], odd[1]);
+      *reinterpret_cast<uint4*>(row + n + 4) = make_uint4(even[2], odd[2], even[3], odd[3]);
+    }
   }
 }
 
@@ -82,6 +109,7 @@ template <class Cfg>
 struct Epilogue<Mode::Down, Cfg> {
   static constexpr int kOutBlocks = cols_per_tile(Mode::Down, Cfg::kBlockN) / 8;
   float weights[2] = {0.0f, 0.0f};  // the routing weights of this thread's two rows
+  int32_t split = 0;                // split-K: the tile's K-slice (the consumer sets it)
   // Under the tile's first k-step, once the ids are in registers: a load still in flight at the
   // next k-step's proxy fence stalls it, and that fence then runs under ~1k cycles of tensor work.
   __device__ __forceinline__ void load_row_data(const Params& p, const int32_t (&ids)[2]) {
@@ -94,6 +122,12 @@ struct Epilogue<Mode::Down, Cfg> {
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
     const float weight = weights[h];
+    if constexpr (splits_k<Mode::Down, Cfg>())
+      if (p.k_splits > 1) {  // y_partials[split][a] = weight · this K-slice's sum (FP32)
+        float* row = p.partials + (int64_t(split) * p.num_assign + out_row) * p.n_dim;
+        store_partial_row<kOutBlocks>(p, row, id < p.num_assign, n0, h, lane, [&](int v) { return acc[v] * weight; });
+        return;
+      }
     store_row_groups<kOutBlocks>(p, id < p.num_assign, out_row, n0, lane, [&](int g, uint32_t(&x)[4]) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {

@@ -66,6 +66,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
   if (it.item < items) load_ids(it.item, ids);
   while (it.item < items) {
     const TileCoord tile = tile_of(it.item, int32_t(p.n_tiles));
+    const KSlice ks = slice_of<M, Cfg>(p, tile, k_tiles);
     const int32_t row0 = tile.block * kBlockM;
     const bool live = (it.live >> wg) & 1;
     EpilogueOf<M, Cfg> epi;
@@ -74,7 +75,14 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
       const int rows[2] = {wg * kWgmmaM + acc_row(warp, lane, 0), wg * kWgmmaM + acc_row(warp, lane, 2)};
       mma_tile_fp8<Cfg, tma_a<M, Cfg>()>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
     } else {
-      mma_tile<Cfg, b_n_major(M)>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, hook);
+      mma_tile<Cfg, b_n_major(M)>(acc, sm, desc_a0, desc_b0, ks.count, pipe, lane, live, hook);
+    }
+    if constexpr (splits_k<M, Cfg>()) {
+      epi.split = ks.split;
+      if (ks.count == 0) {  // a K-slice past K: its partials are zeros (the mainloop wrote nothing)
+#pragma unroll
+        for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
+      }
     }
 
     // The next item (the producer published it after issuing this tile's last loads) and its ids.
@@ -82,7 +90,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     int32_t next_ids[2] = {0, 0};
     if (next.item < items) load_ids(next.item, next_ids);
 
-    const int32_t n0 = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
+    const int32_t n0 = ks.n_tile * cols_per_tile(M, Cfg::kBlockN);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int32_t out_row = epi.out_row(row0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h), ids[h]);

@@ -1,7 +1,7 @@
 // launch.cu — host side of the Hopper (wgmma + TMA) prefill expert GEMM: encodes the weights' TMA
 // descriptor (4-D view, 128-byte swizzle), sizes the persistent grid from the device and launches
 // the compiled config the plan names. Unchecked: what the kernel relies on (block_m 128, H and F
-// multiples of 8 below 2^31, no split-K, a compiled block_n, 16-byte aligned operands, rows and
+// multiples of 8 below 2^31, split-K only on the bf16 down GEMM, a compiled block_n, 16-byte aligned operands, rows and
 // work items in 32 bits) is guaranteed by plan_forward_with and the public entries' validation.
 //
 // The TMA descriptor is encoded per call (it holds the weight pointer) by cuTensorMapEncodeTiled,
@@ -117,7 +117,11 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
   const int64_t sms = persistent_sms<Cfg, kernel>();
   Params p = p_in;
   const int64_t cols = kernels::gemm::cols_per_tile(M, BN);
-  p.n_tiles = (p.n_dim + cols - 1) / cols;
+  // Split-K (the bf16 down GEMM): each column tile once per K-slice (layout.hpp, k_slice).
+  p.k_splits = sm90::splits_k<M, Cfg>() ? std::max(1, p.k_splits) : 1;
+  const int64_t k_tiles = (p.k_dim + sm90::kBlockK - 1) / sm90::kBlockK;
+  p.k_tiles_per_split = (k_tiles + p.k_splits - 1) / p.k_splits;
+  p.n_tiles = (p.n_dim + cols - 1) / cols * p.k_splits;
   const int64_t grid = std::max<int64_t>(1, std::min(sms, max_blocks * p.n_tiles));
   // The claim counter starts at zero every launch: a memset node in a graph, no host work.
   MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));

@@ -58,9 +58,10 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
     const int32_t code = take_item(sm, ring, lane).item;
     if (code >= items) break;
     const TileCoord tile = tile_of(code, int32_t(p.n_tiles));
+    const KSlice ks = slice_of<M, Cfg>(p, tile, k_tiles);
     const int32_t row0 = tile.block * kBlockM;
     const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
-    const int32_t b_row = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
+    const int32_t b_row = ks.n_tile * cols_per_tile(M, Cfg::kBlockN);
 
     // This thread's 8 source rows for the whole K loop (64-bit offsets: ids·H overflows 32 bits).
     const __nv_bfloat16* src[kPasses];
@@ -90,13 +91,13 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       if (tma_thread) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int32_t blk = M == Mode::Up ? (j == 0 ? 0 : int32_t(p.b_up_block0)) + tile.n_tile : 2 * tile.n_tile + j;
-          b_scale_ok[j] = M == Mode::Up || (2 * tile.n_tile + j) * dev::kFp8Block < p.n_dim;
+          const int32_t blk = M == Mode::Up ? (j == 0 ? 0 : int32_t(p.b_up_block0)) + ks.n_tile : 2 * ks.n_tile + j;
+          b_scale_ok[j] = M == Mode::Up || (2 * ks.n_tile + j) * dev::kFp8Block < p.n_dim;
           b_scale_src[j] = p.b_scale + int64_t(expert) * p.b_scale_expert_stride + int64_t(blk) * k_tiles;
         }
       }
 
-    for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
+    for (int32_t kt = ks.kt0; kt < ks.kt0 + ks.count; ++kt, pipe.advance()) {
       const uint32_t stage = pipe.stage;
       ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);  // the consumers released this stage
       const int32_t k0 = kt * kBlockK;

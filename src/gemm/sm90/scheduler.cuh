@@ -41,6 +41,14 @@ __device__ __forceinline__ Work read_work(const Params& p) {
   return {blocks * int32_t(p.n_tiles), blocks, int32_t((p.k_dim + kBlockK - 1) / kBlockK)};
 }
 
+// The output column tile and K-tiles of tile t: its whole K, or with split-K (splits_k) its slice.
+template <Mode M, class Cfg>
+__device__ __forceinline__ KSlice slice_of(const Params& p, TileCoord t, int32_t k_tiles) {
+  if constexpr (splits_k<M, Cfg>())
+    if (p.k_splits > 1) return k_slice(t.n_tile, p.k_splits, int32_t(p.k_tiles_per_split), k_tiles);
+  return {t.n_tile, 0, 0, k_tiles};
+}
+
 struct ItemRing {
   uint32_t slot = 0, phase = 0;
   __device__ void advance() {
