@@ -22,8 +22,11 @@ namespace moekit::kernels::gemm {
 //           as they are to h [max_rows, 2F] (out, row stride 2F) in sorted order;
 //   UpSaveH — the training forward's Up (ForwardPlan::save_h): act to out as Up, and g and u to
 //           h_out as UpH stores them (the wgmma kernel's mode; the mma.sync kernel runs Up with an
-//           epilogue part that does the same).
-enum class Mode { Up, Down, Dx, DGrad, UpH, UpSaveH };
+//           epilogue part that does the same);
+//   DownSplitK — Down with K cut into k_splits slices (the bf16 wgmma kernel's split-K; the
+//           mma.sync kernel's Down splits by k_splits alone): slice s stores weight · its sum as
+//           FP32 to partials[s][a]. A mode of its own, so Down's kernel carries none of it.
+enum class Mode { Up, Down, Dx, DGrad, UpH, UpSaveH, DownSplitK };
 // A rows gathered by token (x, dy: row a / k), else the sorted row itself.
 MK_HD constexpr bool a_by_token(Mode m) {
   return m == Mode::Up || m == Mode::DGrad || m == Mode::UpH || m == Mode::UpSaveH;
@@ -53,8 +56,8 @@ struct Params {
   int64_t b_expert_stride;       // elements per expert in b
   int64_t n_tiles;               // column tiles: ceil(n_dim / cols_per_tile)
   int topk;
-  // Split-K (Down, mma.sync): k_splits slices of k_tiles_per_split K-tiles each; slice s writes
-  // FP32 partial rows to partials[s][a] instead of bf16 rows to out[a].
+  // Split-K (Down on mma.sync, DownSplitK on wgmma): k_splits slices of k_tiles_per_split K-tiles
+  // each; slice s writes FP32 partial rows to partials[s][a] instead of bf16 rows to out[a].
   int k_splits;
   int64_t k_tiles_per_split;
   float* partials;               // [k_splits, T*k, n_dim] or null

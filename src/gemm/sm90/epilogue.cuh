@@ -109,7 +109,6 @@ template <class Cfg>
 struct Epilogue<Mode::Down, Cfg> {
   static constexpr int kOutBlocks = cols_per_tile(Mode::Down, Cfg::kBlockN) / 8;
   float weights[2] = {0.0f, 0.0f};  // the routing weights of this thread's two rows
-  int32_t split = 0;                // split-K: the tile's K-slice (the consumer sets it)
   // Under the tile's first k-step, once the ids are in registers: a load still in flight at the
   // next k-step's proxy fence stalls it, and that fence then runs under ~1k cycles of tensor work.
   __device__ __forceinline__ void load_row_data(const Params& p, const int32_t (&ids)[2]) {
@@ -122,12 +121,6 @@ struct Epilogue<Mode::Down, Cfg> {
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
     const float weight = weights[h];
-    if constexpr (splits_k<Mode::Down, Cfg>())
-      if (p.k_splits > 1) {  // y_partials[split][a] = weight · this K-slice's sum (FP32)
-        float* row = p.partials + (int64_t(split) * p.num_assign + out_row) * p.n_dim;
-        store_partial_row<kOutBlocks>(p, row, id < p.num_assign, n0, h, lane, [&](int v) { return acc[v] * weight; });
-        return;
-      }
     store_row_groups<kOutBlocks>(p, id < p.num_assign, out_row, n0, lane, [&](int g, uint32_t(&x)[4]) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -135,6 +128,23 @@ struct Epilogue<Mode::Down, Cfg> {
         x[i] = pack_bf16x2(acc[v] * weight, acc[v + 1] * weight);
       }
     });
+  }
+};
+
+// DownSplitK (the bf16 down GEMM's split-K): Down's rows and weights, and weight · this K-slice's
+// sum as FP32 to partials[split][a] (y_partials), which combine_partials sums in a fixed order.
+template <class Cfg>
+struct Epilogue<Mode::DownSplitK, Cfg> : Epilogue<Mode::Down, Cfg> {
+  // The tile's K-slice, and whether it is past K (no k-step ran: acc holds the last tile's sums,
+  // and the slice's partials are zeros). The consumer sets both.
+  int32_t split = 0;
+  bool empty = false;
+  __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
+                                        int32_t out_row, int32_t n0, int lane) const {
+    const float weight = this->weights[h];
+    float* row = p.partials + (int64_t(split) * p.num_assign + out_row) * p.n_dim;
+    store_partial_row<Epilogue<Mode::Down, Cfg>::kOutBlocks>(p, row, id < p.num_assign, n0, h, lane,
+                                                            [&](int v) { return empty ? 0.0f : acc[v] * weight; });
   }
 };
 

@@ -80,12 +80,13 @@ struct Config {
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
 };
 
-// Whether an instance splits K (Params::k_splits; layout.hpp, k_slice): the bf16 down GEMM, whose
-// few column tiles a block (Mixtral: H / 256 = 16) leave the last of a few waves mostly idle.
-// Its slices store FP32 partial rows, which combine_partials sums in a fixed order.
+// Whether an instance splits K (Params::k_splits; layout.hpp, k_slice): DownSplitK, the bf16 down
+// GEMM whose few column tiles a block (Mixtral: H / 256 = 16) leave the last of a few waves mostly
+// idle. Its slices store FP32 partial rows, which combine_partials sums in a fixed order.
 template <Mode M, class Cfg>
 MK_HD constexpr bool splits_k() {
-  return M == Mode::Down && !Cfg::kFp8;
+  static_assert(M != Mode::DownSplitK || !Cfg::kFp8, "the FP8 down GEMM has no split-K");
+  return M == Mode::DownSplitK;
 }
 
 }  // namespace moekit::kernels::gemm::sm90

@@ -3,7 +3,8 @@
 // (producer.cuh), the consumers' wgmma mainloop (mainloop.cuh) and the per-mode epilogue
 // (epilogue.cuh), around a STAGES-deep ring of shared-memory stages (pipeline.cuh). The contract
 // is gemm/common.cuh's: a work item is one 128-row block of the aligned layout (one expert) times
-// one column tile; a persistent grid walks the items, their number read from the device.
+// one column tile (DownSplitK: and one K-slice); a persistent grid walks the items, their number
+// read from the device.
 //
 // One CTA = 3 warpgroups, warp-specialised: warpgroup 2 produces, warpgroups 0-1 consume.
 // FP8 (Cfg::kFp8) swaps in the parts of fp8.cuh: the promoting mainloop and the quantizing up
@@ -74,16 +75,12 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     if constexpr (Cfg::kFp8) {
       const int rows[2] = {wg * kWgmmaM + acc_row(warp, lane, 0), wg * kWgmmaM + acc_row(warp, lane, 2)};
       mma_tile_fp8<Cfg, tma_a<M, Cfg>()>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
-    } else {
+    } else if (!splits_k<M, Cfg>() || ks.count > 0) {
+      // (A K-slice past K has no stage to multiply, and mma_tile needs one: it hands its last
+      // stage back. Its epilogue stores zeros; zeroing acc here instead made ptxas spill it.)
       mma_tile<Cfg, b_n_major(M)>(acc, sm, desc_a0, desc_b0, ks.count, pipe, lane, live, hook);
     }
-    if constexpr (splits_k<M, Cfg>()) {
-      epi.split = ks.split;
-      if (ks.count == 0) {  // a K-slice past K: its partials are zeros (the mainloop wrote nothing)
-#pragma unroll
-        for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
-      }
-    }
+    if constexpr (splits_k<M, Cfg>()) epi.split = ks.split, epi.empty = ks.count == 0;
 
     // The next item (the producer published it after issuing this tile's last loads) and its ids.
     const Item next = take_item(sm, ring, lane);

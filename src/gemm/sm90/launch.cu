@@ -117,8 +117,8 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
   const int64_t sms = persistent_sms<Cfg, kernel>();
   Params p = p_in;
   const int64_t cols = kernels::gemm::cols_per_tile(M, BN);
-  // Split-K (the bf16 down GEMM): each column tile once per K-slice (layout.hpp, k_slice).
-  p.k_splits = sm90::splits_k<M, Cfg>() ? std::max(1, p.k_splits) : 1;
+  // Split-K (DownSplitK): each column tile once per K-slice (layout.hpp, k_slice).
+  p.k_splits = sm90::splits_k<M, Cfg>() ? p.k_splits : 1;
   const int64_t k_tiles = (p.k_dim + sm90::kBlockK - 1) / sm90::kBlockK;
   p.k_tiles_per_split = (k_tiles + p.k_splits - 1) / p.k_splits;
   p.n_tiles = (p.n_dim + cols - 1) / cols * p.k_splits;
@@ -135,10 +135,12 @@ template <int BN, int ST, bool FP8>
 void launch_forward_instance(Mode mode, const Params& p, const CUtensorMap& b_map, int64_t max_blocks,
                              cudaStream_t stream) {
   if (mode == Mode::Up) return launch_instance<Mode::Up, BN, ST, FP8>(p, b_map, max_blocks, stream);
-  if (mode == Mode::Down) return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream);
-  if constexpr (!FP8)
+  if (mode == Mode::Down && p.k_splits <= 1) return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream);
+  if constexpr (!FP8) {
+    if (mode == Mode::Down) return launch_instance<Mode::DownSplitK, BN, ST, FP8>(p, b_map, max_blocks, stream);
     if (mode == Mode::UpSaveH) return launch_instance<Mode::UpSaveH, BN, ST, FP8>(p, b_map, max_blocks, stream);
-  fail("expert_gemm", "plan", "the forward's wgmma GEMMs are Up, Down and (bf16) UpSaveH");
+  }
+  fail("expert_gemm", "plan", "the forward's wgmma GEMMs are Up, Down (bf16: also split along K) and (bf16) UpSaveH");
 }
 
 }  // namespace

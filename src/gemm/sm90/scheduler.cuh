@@ -45,8 +45,9 @@ __device__ __forceinline__ Work read_work(const Params& p) {
 template <Mode M, class Cfg>
 __device__ __forceinline__ KSlice slice_of(const Params& p, TileCoord t, int32_t k_tiles) {
   if constexpr (splits_k<M, Cfg>())
-    if (p.k_splits > 1) return k_slice(t.n_tile, p.k_splits, int32_t(p.k_tiles_per_split), k_tiles);
-  return {t.n_tile, 0, 0, k_tiles};
+    return k_slice(t.n_tile, p.k_splits, int32_t(p.k_tiles_per_split), k_tiles);
+  else
+    return {t.n_tile, 0, 0, k_tiles};
 }
 
 struct ItemRing {
