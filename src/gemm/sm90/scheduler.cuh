@@ -101,8 +101,10 @@ __device__ __forceinline__ int32_t claim_item(int32_t* tile_counter) { return in
 // kLaneZero: lane 0 alone waits, reads, arrives and shuffles the item to its warp, so each read is
 // in program order before the arrival. Both are sound. On the weight-gradient kernel racecheck
 // reported 4 hazards between the slot's store and its reads with the first and none with the
-// second (the expert GEMM is clean with either); the expert GEMM's producer (64 registers) spills
-// with the second. So the weight-gradient kernel takes kLaneZero, the expert GEMM the first.
+// second; on the expert GEMM it reports them too where a CTA takes many tiles
+// (Sm90GemmTest.ManyTilesPerCta; docs/perf/NOTES.md, "Known gaps"), none where it takes one or
+// two. The expert GEMM's producer (64 registers) spills with the second. So the weight-gradient
+// kernel takes kLaneZero, the expert GEMM the first.
 template <class Cfg, bool kLaneZero = false>
 __device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
   Item it{0, 0};
