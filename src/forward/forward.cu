@@ -61,11 +61,16 @@ void run_experts(const ForwardPlan& plan, const void* x, const ExpertWeights& w,
       fp8 && plan.up.kernel == GemmKernel::mma_sync && plan.down.kernel == GemmKernel::mma_sync;
   detail::launch_expert_up(plan, fp8 ? ws.x_q.data : x, w.w13.data, ws, stream, w.w13_scale.as<const float>(), h,
                            boundary);
-  detail::launch_expert_down(plan, w.w2.data, topk_weights, ws, stream, w.w2_scale.as<const float>(), boundary);
+  // k = 1, unsplit: y_rows [T·1, H] has y's shape, row a is token a, and combine's one-term sum
+  // returns each row's bf16 bits, so the down GEMM stores y itself and combine's launch (a read and
+  // a write of T·H·2 bytes) goes. ws.y_rows is then not written.
+  const bool rows_are_y = s.topk == 1 && plan.down_splits == 1;
+  detail::launch_expert_down(plan, w.w2.data, topk_weights, ws, stream, w.w2_scale.as<const float>(), boundary,
+                             rows_are_y ? y : nullptr);
   if (plan.down_splits > 1)
     detail::launch_combine_partials(ws.y_partials.as<const float>(), plan.down_splits, y, s.tokens, s.hidden,
                                     int(s.topk), stream);
-  else
+  else if (!rows_are_y)
     detail::launch_combine(ws.y_rows.data, nullptr, y, s.tokens, s.hidden, int(s.topk), stream);
 }
 }  // namespace

@@ -73,13 +73,13 @@ void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, c
 }
 
 void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,
-                        cudaStream_t stream, const float* w2_scale, bool boundary) {
+                        cudaStream_t stream, const float* w2_scale, bool boundary, void* rows) {
   const MoeShape& s = plan.shape;
   if (s.tokens == 0) return;
   Params p = routing_params(plan, ws);
   p.a = ws.act.as<const __nv_bfloat16>();
   p.b = static_cast<const __nv_bfloat16*>(w2);
-  p.out = ws.y_rows.as<__nv_bfloat16>();
+  p.out = rows ? static_cast<__nv_bfloat16*>(rows) : ws.y_rows.as<__nv_bfloat16>();
   p.topk_weights = topk_weights;
   p.boundary = boundary;
   if (plan.down_splits > 1) {

@@ -22,12 +22,14 @@ void launch_expert_up(const ForwardPlan& plan, const void* x, const void* w13, c
                       cudaStream_t stream, const float* w13_scale = nullptr, void* h = nullptr,
                       bool boundary = false);
 // y_rows (or y_partials) = topk_weights · act·W2ᵀ for every sorted row of ws, with plan.down.
-// fp8 plans: act e4m3 with ws.act_scale, w2 e4m3 with w2_scale.
+// fp8 plans: act e4m3 with ws.act_scale, w2 e4m3 with w2_scale. rows: where the bf16 rows go
+// instead of ws.y_rows (a [T·k, H] buffer: y itself where k = 1, run_experts); unsplit plans only.
 // boundary (Params::boundary) is a precondition the launcher cannot check: the previous launch on
 // the stream is launch_expert_up of the same plan and ws (with boundary), so the routing is final
 // when down starts, before its PDL wait, and reads it to prefetch its first weight rows.
 void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* topk_weights, const Workspace& ws,
-                        cudaStream_t stream, const float* w2_scale = nullptr, bool boundary = false);
+                        cudaStream_t stream, const float* w2_scale = nullptr, bool boundary = false,
+                        void* rows = nullptr);
 
 // The two families, for `p` filled from a plan (p.n_tiles and p.k_tiles_per_split are set here).
 // mma.sync (src/gemm/mma_sync): any compiled mma_sync config, split-K allowed.

@@ -283,6 +283,29 @@ TEST_F(ForwardTest, SplitKOnWgmmaDown) {
     }
 }
 
+// k = 1: the down GEMM stores y itself (no combine launch) on both kernel families (T = 3:
+// 16-row tiles; T = 700: wgmma), and again on a graph replay; y poisoned before each run.
+TEST_F(ForwardTest, TopOneLayerStoresYFromTheDownGemm) {
+  for (int64_t T : {3, 700}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " T=" + std::to_string(T));
+    std::mt19937_64 rng(seed);
+    Layer layer({T, 1024, 512, 16, 1}, softmax_renorm(), false, seed);
+    layer.use_plan(plan_forward_with(layer.s, layer.plan.up, layer.plan.down, 1));  // split-K keeps its combine
+    layer.y.poison();
+    layer.forward(stream);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    check_status(layer.ws(), stream);
+    layer.check_tokens(sample_tokens(T, 16, rng));
+    const auto first = layer.y.download();
+    const CapturedGraph graph(stream, [&] { layer.forward(stream); });
+    layer.y.poison();
+    graph.launch(stream);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(layer.y.download(), first) << layer.plan.str();
+  }
+}
+
 TEST_F(ForwardTest, EmptyBatchIsValid) {
   Layer layer({0, 256, 128, 8, 2}, softmax_renorm(), false, 1);
   layer.forward(stream);
