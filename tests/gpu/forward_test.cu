@@ -168,7 +168,30 @@ RouterOptions deepseek_router() {
   return o;
 }
 
-class ForwardTest : public GpuTest {};
+class ForwardTest : public GpuTest {
+ protected:
+  // One forward on y poisoned, checked against the naive loop on `sampled` tokens; a second eager
+  // forward, and the forward captured in a graph and replayed, each on y poisoned again: bitwise
+  // the first y. Returns it.
+  std::vector<ref::bf16> run_checked_then_replayed(Layer& layer, int64_t sampled, std::mt19937_64& rng) {
+    layer.y.poison();
+    layer.forward(stream);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    check_status(layer.ws(), stream);
+    layer.check_tokens(sample_tokens(layer.s.tokens, sampled, rng));
+    const auto first = layer.y.download();
+    layer.y.poison();
+    layer.forward(stream);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(layer.y.download(), first) << "the second run differs: " << layer.plan.str();
+    const CapturedGraph graph(stream, [&] { layer.forward(stream); });
+    layer.y.poison();
+    graph.launch(stream);
+    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EXPECT_EQ(layer.y.download(), first) << "the graph's replay differs: " << layer.plan.str();
+    return first;
+  }
+};
 
 TEST_F(ForwardTest, ModelPresetsAgainstNaiveLoop) {
   struct Preset { const char* name; MoeShape s; RouterOptions o; bool bias; };
@@ -241,16 +264,7 @@ TEST_F(ForwardTest, SplitKDecodeLayer) {
   Layer layer({4, 4096, 2048, 8, 2}, softmax_renorm(), false, seed);
   layer.use_plan(plan_forward_with(layer.s, layer.plan.up, layer.plan.down, 4));
   ASSERT_EQ(layer.plan.down_splits, 4) << layer.plan.str();
-  layer.y.poison();
-  layer.forward(stream);
-  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  layer.check_tokens(sample_tokens(4, 4, rng));
-  const auto first = layer.y.download();
-  const CapturedGraph graph(stream, [&] { layer.forward(stream); });
-  layer.y.poison();
-  graph.launch(stream);
-  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  EXPECT_EQ(layer.y.download(), first);
+  run_checked_then_replayed(layer, 4, rng);
 }
 
 // A prefill layer with its wgmma down GEMM split along K (2 and 4 slices of a ragged F: 16
@@ -265,26 +279,12 @@ TEST_F(ForwardTest, SplitKOnWgmmaDown) {
       std::mt19937_64 rng(seed);
       Layer layer({1024, 1024, 1000, 8, 2}, softmax_renorm(), false, seed);
       layer.use_plan(plan_forward_with(layer.s, c, c, S));
-      layer.y.poison();
-      layer.forward(stream);
-      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-      check_status(layer.ws(), stream);
-      layer.check_tokens(sample_tokens(1024, 16, rng));
-      const auto first = layer.y.download();
-      layer.y.poison();
-      layer.forward(stream);
-      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-      ASSERT_EQ(layer.y.download(), first) << "the second run differs";
-      const CapturedGraph graph(stream, [&] { layer.forward(stream); });
-      layer.y.poison();
-      graph.launch(stream);
-      MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-      EXPECT_EQ(layer.y.download(), first) << "the graph's replay differs";
+      run_checked_then_replayed(layer, 16, rng);
     }
 }
 
 // k = 1: the down GEMM stores y itself (no combine launch) on both kernel families (T = 3:
-// 16-row tiles; T = 700: wgmma), and again on a graph replay; y poisoned before each run.
+// 16-row tiles; T = 700: wgmma), checked, run again and replayed from a graph.
 TEST_F(ForwardTest, TopOneLayerStoresYFromTheDownGemm) {
   for (int64_t T : {3, 700}) {
     const uint64_t seed = fresh_seed();
@@ -292,17 +292,7 @@ TEST_F(ForwardTest, TopOneLayerStoresYFromTheDownGemm) {
     std::mt19937_64 rng(seed);
     Layer layer({T, 1024, 512, 16, 1}, softmax_renorm(), false, seed);
     layer.use_plan(plan_forward_with(layer.s, layer.plan.up, layer.plan.down, 1));  // split-K keeps its combine
-    layer.y.poison();
-    layer.forward(stream);
-    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    check_status(layer.ws(), stream);
-    layer.check_tokens(sample_tokens(T, 16, rng));
-    const auto first = layer.y.download();
-    const CapturedGraph graph(stream, [&] { layer.forward(stream); });
-    layer.y.poison();
-    graph.launch(stream);
-    MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-    EXPECT_EQ(layer.y.download(), first) << layer.plan.str();
+    run_checked_then_replayed(layer, 16, rng);
   }
 }
 
