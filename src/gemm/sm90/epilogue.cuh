@@ -1,8 +1,9 @@
 // epilogue.cuh — what the Hopper expert GEMM's consumers do with a finished tile, per mode, from
 // registers: Up — silu(g)·u from the paired gate/up accumulators, stored to act row r (sorted
 // order); UpH — g and u as they are, to h row r; UpSaveH — both; Down — times the routing
-// weight, stored to y_rows row a = sorted_ids[r] (split-K: as FP32 to partials[split][a]); Dx (the backward's dx_rows) — stored as they
-// are to row a; DGrad (the backward's D) — the SwiGLU backward. Padding rows and columns past
+// weight, stored to y_rows row a = sorted_ids[r]; DownSplitK — the same, as FP32 to the K-slice's
+// partials[split][a]; Dx (the backward's dx_rows) — stored as they are to row a; DGrad (the
+// backward's D) — the SwiGLU backward. Padding rows and columns past
 // n_dim are never stored. Every output element is one thread's fixed-order sum:
 // bitwise deterministic.
 //

@@ -1,8 +1,9 @@
 // launch.cu — host side of the Hopper (wgmma + TMA) prefill expert GEMM: encodes the weights' TMA
 // descriptor (4-D view, 128-byte swizzle), sizes the persistent grid from the device and launches
 // the compiled config the plan names. Unchecked: what the kernel relies on (block_m 128, H and F
-// multiples of 8 below 2^31, split-K only on the bf16 down GEMM, a compiled block_n, 16-byte aligned operands, rows and
-// work items in 32 bits) is guaranteed by plan_forward_with and the public entries' validation.
+// multiples of 8 below 2^31, split-K only on the bf16 down GEMM, a compiled block_n, 16-byte
+// aligned operands, rows and work items in 32 bits) is guaranteed by plan_forward_with and the
+// public entries' validation.
 //
 // The TMA descriptor is encoded per call (it holds the weight pointer) by cuTensorMapEncodeTiled,
 // a pure host function reached through the runtime's driver entry point (no libcuda link), and
@@ -135,7 +136,8 @@ template <int BN, int ST, bool FP8>
 void launch_forward_instance(Mode mode, const Params& p, const CUtensorMap& b_map, int64_t max_blocks,
                              cudaStream_t stream) {
   if (mode == Mode::Up) return launch_instance<Mode::Up, BN, ST, FP8>(p, b_map, max_blocks, stream);
-  if (mode == Mode::Down && p.k_splits <= 1) return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream);
+  if (mode == Mode::Down && p.k_splits <= 1)
+    return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream);
   if constexpr (!FP8) {
     if (mode == Mode::Down) return launch_instance<Mode::DownSplitK, BN, ST, FP8>(p, b_map, max_blocks, stream);
     if (mode == Mode::UpSaveH) return launch_instance<Mode::UpSaveH, BN, ST, FP8>(p, b_map, max_blocks, stream);
