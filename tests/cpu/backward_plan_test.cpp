@@ -191,6 +191,20 @@ TEST(PlanBackward, TileRowsFollowTheLayoutAndTheRowsAnExpertGets) {
   EXPECT_THROW(detail::expect_backward_plan(b, "moe_backward"), Error);
 }
 
+// A forward whose wgmma down GEMM splits K (Mixtral T=512 on an H100, the cost model's choice):
+// its backward replays the layout and the configs, and dx, a whole-row GEMM on wgmma, stays
+// unsplit (the forward's split is its own: the backward never reads y_partials).
+TEST(PlanBackward, AForwardsWgmmaSplitKLeavesDxWhole) {
+  const ForwardPlan fwd = plan_forward(MoeShape{512, 4096, 14336, 8, 2}, kH100);
+  ASSERT_EQ(fwd.down.kernel, GemmKernel::wgmma) << fwd.str();
+  ASSERT_EQ(fwd.down_splits, 2) << fwd.str();
+  const BackwardPlan b = plan_backward(fwd, kH100, every_grad());
+  EXPECT_EQ(b.dx, fwd.down);
+  EXPECT_EQ(b.dx_splits, 1);
+  EXPECT_TRUE(b.dx_wgmma) << b.str();
+  EXPECT_NO_THROW(detail::expect_backward_plan(b, "moe_backward"));
+}
+
 TEST(PlanBackward, WgmmaGemmsWhereverBlockMIs128AndOnlyThere) {
   // The planner puts h, D, dx and dW on wgmma wherever the layout's block_m is 128 (measured
   // faster at every T on Mixtral and Qwen3: docs/perf/NOTES.md, "Backward").
