@@ -19,18 +19,27 @@ TEST_F(BackwardTest, TrainingForwardKeepsH) {
   struct Shape {
     MoeShape s;
     int block_m;
+    int wgmma_splits = 0;  // > 0: the first wgmma config for both GEMMs, its down split this many ways
   };
   // The 16-row layout (the planner's at 8 rows an expert), 64-row and mma.sync 128-row layouts,
-  // partial tiles (H = 200, F = 72), the planner's prefill layout (wgmma up) and many tiles a CTA.
+  // partial tiles (H = 200, F = 72), the planner's prefill layout (wgmma up), many tiles a CTA, and
+  // a wgmma down split along K (the forward's y from combine_partials; the backward unchanged).
   for (const Shape& sh : {Shape{{33, 256, 128, 8, 2}, 0}, Shape{{33, 256, 128, 8, 2}, 64}, Shape{{45, 200, 72, 6, 2}, 16},
                           Shape{{45, 200, 72, 6, 2}, 128}, Shape{{300, 256, 128, 8, 2}, 0},
-                          Shape{{1500, 576, 328, 8, 2}, 0}}) {
+                          Shape{{1500, 576, 328, 8, 2}, 0}, Shape{{1500, 576, 328, 8, 2}, 0, 2}}) {
     const uint64_t seed = fresh_seed();
     const BackwardOptions o = options(SavedActivations::h, RouterGrad::none);
     SCOPED_TRACE(name_of(sh.s, sh.block_m, o, seed));
     std::mt19937_64 rng(seed);
     const Case c = make_case(sh.s, rng);
-    ForwardPlan plain = forward_plan(sh.s, sh.block_m), training = plain;
+    ForwardPlan plain = forward_plan(sh.s, sh.block_m);
+    if (sh.wgmma_splits > 0)
+      for (const GemmConfig& w : compiled_gemm_configs(Precision::bf16))
+        if (w.kernel == GemmKernel::wgmma) {
+          plain = plan_forward_with(sh.s, w, w, sh.wgmma_splits);
+          break;
+        }
+    ForwardPlan training = plain;
     training.save_h = true;
     SCOPED_TRACE(training.str());
     BackwardRun saved(training, o, c, stream, rng);
