@@ -87,14 +87,15 @@ double gemm_us(const GemmCost& g, const GemmConfig& c, bool up, int splits, cons
   // An expert's further blocks re-read its weights; their tiles run close together, from L2. And a
   // block's further column tiles re-read its A rows (split-K: each slice its share of them).
   const double t_l2 = (std::max(0.0, b.blocks - b.touched) * g.weight_bytes_per_expert +
-                       m.a_reread * double(g.tiles - 1) * g.in_bytes) /
+                       double(g.tiles - 1) * g.in_bytes) /
                       (m.l2_TBps * 1e12) * 1e6;
-  // The padded rows' FLOPs at the kernel's rate, on the SMs the items fill. Only a grid smaller
-  // than the slots idles SMs for the whole kernel: the last of several waves overlaps the next
-  // GEMM's start (programmatic dependent launch), and the table's winners did not follow the
-  // last wave's fill (Mixtral T=512-1024: n256 down tiles won with 1.5 waves against n128's 2.9).
+  // The padded rows' FLOPs at the kernel's rate, on the SMs the items fill: a grid smaller than
+  // the slots idles the rest for the whole kernel, and a grid of several waves its last wave's
+  // idle SMs (the share items / (waves · slots)), since the next kernel waits at its PDL barrier
+  // for this one's last tile. (With A's re-reads above, this took the wgmma down's two K-slices
+  // at Mixtral T=512, where n256 tiles run 1.5 waves: docs/design.md.)
   const double rate = c.kernel == GemmKernel::wgmma ? (fp8 ? m.wgmma_fp8_TFLOPs : m.wgmma_TFLOPs) : m.mma_sync_TFLOPs;
-  const double wave_fill = items <= slots ? items / slots : (m.tail_wave ? items / slots / waves : 1.0);
+  const double wave_fill = items / (waves * slots);
   const double t_math = math_rows * g.flops_per_row / (rate * 1e12 * wave_fill) * 1e6;
   const double t_mem = t_read + t_l2;  // both through the same L2 slices and load pipes
   const double t = std::pow(std::pow(t_mem, m.overlap_p) + std::pow(t_math, m.overlap_p), 1.0 / m.overlap_p);

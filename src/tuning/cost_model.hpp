@@ -56,12 +56,6 @@ struct MachineModel {
   // compiled lists put the configs `moekit tune` chose most often first) is taken instead: the
   // model does not resolve a few percent between tiles of one kernel.
   double tie_slack = 1.03;
-  // The A rows' re-reads by a block's further column tiles (through the L2, as B's by an expert's
-  // further blocks) at this weight; 0 leaves them out.
-  double a_reread = 1.0;
-  // Whether the math of a grid of several waves pays its last wave's idle SMs (ceil(waves) / waves):
-  // the next kernel waits at its PDL barrier for this one's last tile.
-  bool tail_wave = true;
   double wgmma_item_us = 1.5;     // a wgmma work item's epilogue and pipeline refill, tensor pipe idle
   double mma_sync_item_us = 0.2;  // an mma.sync item's epilogue (its loads stream across items)
   double launch_us = 2.0;         // a kernel in a graph, start to end, beside its work

@@ -3,9 +3,8 @@
 // order); UpH — g and u as they are, to h row r; UpSaveH — both; Down — times the routing
 // weight, stored to y_rows row a = sorted_ids[r]; DownSplitK — the same, as FP32 to the K-slice's
 // partials[split][a]; Dx (the backward's dx_rows) — stored as they are to row a; DGrad (the
-// backward's D) — the SwiGLU backward. Padding rows and columns past
-// n_dim are never stored. Every output element is one thread's fixed-order sum:
-// bitwise deterministic.
+// backward's D) — the SwiGLU backward. Padding rows and columns past n_dim are never stored.
+// Every output element is one thread's fixed-order sum: bitwise deterministic.
 //
 // A thread holds two rows of the tile (row halves h = 0, 1 of its warp's 16). Four n8 column
 // blocks at a time are transposed across the lane quad so each lane stores 8 consecutive columns
