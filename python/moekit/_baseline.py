@@ -28,8 +28,8 @@ def make_weights(p: Preset, device, seed: int = 0) -> dict:
         w2=torch.empty((E, H, F), dtype=torch.bfloat16, device=device).normal_(0, F ** -0.5, generator=g),
         e_score_correction_bias=None,
     )
-    if p.score_bias:
-        w["e_score_correction_bias"] = torch.empty(E, dtype=torch.float32, device=device).normal_(0, 0.02, generator=g)
+    if p.score_bias:  # std 0.01, as the C++ bench's (tools/moekit/layer.hpp says why: balanced loads)
+        w["e_score_correction_bias"] = torch.empty(E, dtype=torch.float32, device=device).normal_(0, 0.01, generator=g)
     return w
 
 
