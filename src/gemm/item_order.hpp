@@ -62,6 +62,23 @@ MK_HD BlockChunk expert_chunk(uint32_t same, int32_t p) {
   const int32_t end = w + G < p - G + hi ? w + G : p - G + hi;
   return {first, end - first};
 }
+// Split-K: slice `split` multiplies K-tiles [kt0, kt0 + count) of the tile's k_tiles, kt0 = split ·
+// per_split (per_split = ceil(k_tiles / splits): the launchers' k_tiles_per_split) and count =
+// min(per_split, k_tiles - kt0), none for a slice past K (its partials are zeros): the mma.sync
+// Down's slices and the wgmma DownSplitK's (the backward's dx GEMM computes the same inline,
+// backward/ragged.cuh). I: int32_t in the wgmma kernel (its registers), int64_t in mma.sync. The
+// form (min, then the clamp at zero) is the one the mma.sync kernels compiled before it was
+// shared: their machine code is unchanged (scripts/sass-diff).
+template <class I>
+struct KRange {
+  I kt0, count;
+};
+template <class I>
+MK_HD constexpr KRange<I> k_slice_range(I split, I per_split, I k_tiles) {
+  const I kt0 = split * per_split, left = k_tiles - kt0, count = left < per_split ? left : per_split;
+  return {kt0, count > 0 ? count : I(0)};
+}
+
 // Item -> (block, column tile) inside its chunk (items of chunk c: [c.first, c.first + c.count)
 // times n_tiles, as blocks · n_tiles items are numbered block-major).
 MK_HD GroupedTile<int32_t> chunk_tile(int32_t item, BlockChunk c, int32_t n_tiles) {

@@ -53,10 +53,11 @@ struct DealtSchedule {
   }
 };
 
-// K-tiles [kt0, kt0 + count) of a K-slice; a trailing slice may have none (its partials are 0).
+// K-tiles [kt0, kt0 + count) of a K-slice (k_slice_range); a trailing slice may have none.
 __device__ __forceinline__ int64_t split_k_tiles(const Params& p, int split, int64_t k_tiles_total, int64_t& kt0) {
-  kt0 = split * p.k_tiles_per_split;
-  return max(int64_t(0), min(p.k_tiles_per_split, k_tiles_total - kt0));
+  const KRange<int64_t> r = k_slice_range<int64_t>(split, p.k_tiles_per_split, k_tiles_total);
+  kt0 = r.kt0;
+  return r.count;
 }
 
 }  // namespace moekit::kernels::gemm::mma_sync

@@ -122,15 +122,15 @@ MK_HD constexpr TileCoord tile_of(int32_t code, int32_t n_tiles) { return {code 
 
 // Split-K (the bf16 down GEMM, geometry.hpp: splits_k): with `splits` K-slices a tile's column
 // index counts n_tile · splits + split (the slices of one output tile are neighbours in item
-// order, as the mma.sync kernel's), and slice s multiplies K-tiles [kt0, kt0 + count), kt0 =
-// s · per_split, count = min(per_split, k_tiles - kt0): none for a slice past K, whose partials
-// are zeros. splits = 1 is the unsplit tile.
+// order, as the mma.sync kernel's), and slice s multiplies the K-tiles of gemm::k_slice_range.
+// splits = 1 is the unsplit tile.
 struct KSlice {
   int32_t n_tile, split, kt0, count;
 };
 MK_HD constexpr KSlice k_slice(int32_t column, int32_t splits, int32_t per_split, int32_t k_tiles) {
-  const int32_t split = column % splits, kt0 = split * per_split, left = k_tiles - kt0;
-  return {column / splits, split, kt0, left <= 0 ? 0 : (left < per_split ? left : per_split)};
+  const int32_t split = column % splits;
+  const gemm::KRange<int32_t> r = gemm::k_slice_range(split, per_split, k_tiles);
+  return {column / splits, split, r.kt0, r.count};
 }
 
 }  // namespace moekit::kernels::gemm::sm90
