@@ -60,7 +60,8 @@ __device__ __forceinline__ void store_expert_count(const Params& p, int e, int32
 // ranked_once (the same in every warp of the CTA): every segment is at most kRoundsInFlight rounds,
 // one batch of loads, so pass 1 keeps each id's slot (Ranked) and pass 2 only stores. It holds
 // wherever the planner sends align: the CTA kernel's 4096 ids at most, the grid kernel's 4096 a
-// CTA up to kAlignMaxCtas CTAs (T·k = 655,360); past that both walk the segment again.
+// CTA while its resident CTAs suffice (132 on an H100 or H200: T·k up to 540,672); past that both
+// walk the segment again.
 struct Segment {
   int64_t begin, end;
   int active_warps;
