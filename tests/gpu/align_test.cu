@@ -1,4 +1,6 @@
 // align_test.cu — stage 2 on the GPU against the CPU oracle, bitwise, over adversarial routings.
+#include <optional>
+
 #include "gpu_util.hpp"
 
 namespace moekit::test {
@@ -7,11 +9,13 @@ namespace {
 class AlignTest : public GpuTest {
  protected:
   // Aligns `ids` on the GPU (poisoned workspace) and compares every output with ref::align.
+  // `kernel`: the align kernel to run instead of the planner's.
   void check(const std::vector<int32_t>& ids, int64_t T, int64_t k, int64_t E, const GemmConfig& cfg,
-             int expect_status = 0) {
+             int expect_status = 0, std::optional<AlignKernel> kernel = std::nullopt) {
     SCOPED_TRACE("T=" + std::to_string(T) + " k=" + std::to_string(k) + " E=" + std::to_string(E) +
                  " block_m=" + std::to_string(cfg.block_m));
-    const ForwardPlan plan = plan_forward_with({T, 64, 64, E, k}, cfg, cfg);
+    ForwardPlan plan = plan_forward_with({T, 64, 64, E, k}, cfg, cfg);
+    if (kernel) plan.align = *kernel;
     DeviceBuffer<unsigned char> ws_buf(workspace_bytes(plan));
     ws_buf.poison();
     const Workspace ws = carve_workspace(plan, ws_buf.ptr, ws_buf.count);
@@ -97,6 +101,18 @@ TEST_F(AlignTest, OneCtaAndGridKernelsAroundTheSwitch) {
   std::vector<int32_t> ids = make_routing(RoutingKind::Uniform, 600000, 1, 64, rng);
   ids[size_t(599999)] = 64;  // in the last CTA's chunk
   check(ids, 600000, 1, 64, cfg, kStatusExpertIdOutOfRange);
+}
+
+// The one-CTA kernel past the planner's range: it keeps pass 1's slots only where every warp's
+// segment is at most kRoundsInFlight rounds (4096 ids), and walks the segments again past that.
+TEST_F(AlignTest, OneCtaKernelPastThePlannersRange) {
+  std::mt19937_64 rng(fresh_seed());
+  const GemmConfig cfg = compiled_gemm_configs().front();
+  for (int64_t n : {int64_t(4097), int64_t(5000), int64_t(40000)})
+    for (int64_t E : {8, 256}) check(make_routing(RoutingKind::Uniform, n, 1, E, rng), n, 1, E, cfg, 0, AlignKernel::cta);
+  std::vector<int32_t> ids = make_routing(RoutingKind::Uniform, 6000, 1, 64, rng);
+  ids[size_t(5999)] = -1;
+  check(ids, 6000, 1, 64, cfg, kStatusExpertIdOutOfRange, AlignKernel::cta);
 }
 
 TEST_F(AlignTest, LargeAssignmentCount) {
