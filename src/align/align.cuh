@@ -145,14 +145,7 @@ __global__ void __launch_bounds__(kThreads) align_kernel(Params p) {
   mark_unused_blocks(p.block_expert, s_start[E], blocks, p.max_blocks, tid, kThreads);
 
   // Pass 2: stable scatter of each warp's segment (its ranks kept, or walked again).
-  if (warp < seg.active_warps) {
-    if (seg.ranked_once)
-      ranked.scatter(p.sorted_ids, seg, [&](int e) { return s_start[e] + my_row[e]; });
-    else
-      walk_segment(p.topk_ids, E, seg, my_row, [&](int64_t a, int e, int32_t slot, int) {
-        p.sorted_ids[s_start[e] + slot] = int32_t(a);
-      });
-  }
+  if (warp < seg.active_warps) scatter_segment(p, E, seg, ranked, my_row, [&](int e) { return s_start[e]; });
 }
 
 // ---- Prefill: many CTAs, one cooperative launch -----------------------------------------------
@@ -235,14 +228,8 @@ __global__ void __launch_bounds__(kThreads) align_grid_kernel(Params p) {
                      int64_t(G) * kThreads);
 
   // Pass 2: this chunk's assignments at start + (CTAs before) + (warps before) + rank.
-  if (warp < seg.active_warps) {
-    if (seg.ranked_once)
-      ranked.scatter(p.sorted_ids, seg, [&](int e) { return s_start[e] + s_before[e] + my_row[e]; });
-    else
-      walk_segment(p.topk_ids, E, seg, my_row, [&](int64_t a, int e, int32_t slot, int) {
-        p.sorted_ids[s_start[e] + s_before[e] + slot] = int32_t(a);
-      });
-  }
+  if (warp < seg.active_warps)
+    scatter_segment(p, E, seg, ranked, my_row, [&](int e) { return s_start[e] + s_before[e]; });
 }
 
 }  // namespace moekit::kernels::align

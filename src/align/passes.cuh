@@ -194,4 +194,19 @@ __device__ __forceinline__ void scan_padded_starts(int32_t total, Blocks blocks,
   if (tid == E - 1) s_start[E] = warp_offset + incl;
 }
 
+// Pass 2 of an active warp: its segment's assignments into sorted_ids, each at first(e) + its
+// slot in expert e, first(e) where this CTA's share of expert e starts: from the ranks kept in
+// pass 1 (Ranked) where seg.ranked_once, else by walking the segment again (my_row: the warp's
+// first slot of each expert, from the column sums).
+template <class First>
+__device__ __forceinline__ void scatter_segment(const Params& p, int E, const Segment& seg, const Ranked& ranked,
+                                                int32_t* my_row, First&& first) {
+  if (seg.ranked_once)
+    ranked.scatter(p.sorted_ids, seg, [&](int e) { return first(e) + my_row[e]; });
+  else
+    walk_segment(p.topk_ids, E, seg, my_row, [&](int64_t a, int e, int32_t slot, int) {
+      p.sorted_ids[first(e) + slot] = int32_t(a);
+    });
+}
+
 }  // namespace moekit::kernels::align
