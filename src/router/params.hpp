@@ -46,13 +46,24 @@ struct GateParams {
   uint8_t* x_q;
   float* x_scale;
 };
-constexpr int kGateSlices = 8;  // H slices: CTAs per cluster, one slice each (gate/order.hpp)
-constexpr int kGateWarps = 8;   // warps per CTA
+constexpr int kGateSlices = 8;  // slices of the order: CTAs per cluster, one slice each (gate/order.cuh)
+constexpr int kGateWarps = 8;   // roles of a slice: warps per CTA
 constexpr int kGateStep = 32;   // columns of one warp step: 8 per lane of a quad (one 16-byte load)
+constexpr int kGateBlock = 128; // columns of one block of the order: 4 steps, and one FP8 scale group
+constexpr int kGateBlockSteps = kGateBlock / kGateStep;
 
-// Columns of each slice: ceil(H / slices), rounded up to whole steps.
-MK_HD constexpr int64_t gate_slice_width(int64_t hidden) {
-  return (hidden + int64_t(kGateSlices) * kGateStep - 1) / (int64_t(kGateSlices) * kGateStep) * kGateStep;
+// The order's blocks of H: block b (columns [128b, 128b + 128), the last one partial) belongs to
+// slice b % 8 and, within it, to role (b / 8) % 8 (gate/order.cuh).
+MK_HD constexpr int64_t gate_blocks(int64_t hidden) { return (hidden + kGateBlock - 1) / kGateBlock; }
+// Blocks of slice r: b = r + 8m, m < gate_slice_blocks(H, r).
+MK_HD constexpr int64_t gate_slice_blocks(int64_t hidden, int r) {
+  return gate_blocks(hidden) > r ? (gate_blocks(hidden) - r + kGateSlices - 1) / kGateSlices : 0;
+}
+// Blocks of role w of slice r: b = r + 8w + 64j, j < gate_role_blocks(H, r, w).
+MK_HD constexpr int64_t gate_role_blocks(int64_t hidden, int r, int w) {
+  constexpr int64_t kStride = int64_t(kGateSlices) * kGateWarps;
+  const int64_t first = r + int64_t(kGateSlices) * w;
+  return gate_blocks(hidden) > first ? (gate_blocks(hidden) - first + kStride - 1) / kStride : 0;
 }
 
 // Dynamic shared memory of a cluster or looped instance (gate/warp_partial.cuh): the per-warp load
@@ -71,39 +82,36 @@ struct GateTile {
   static constexpr int kSmemBytes = kGateWarps * kWarpBytes;
 };
 
-// Quantizing x in the gate (GateParams::x_q): the CTA keeps its tile's x of one slice in shared
-// memory after kSmemBytes — kRows rows of the slice's columns, each row padded by 16 bytes so the
-// MMAs' 16-byte reads of 8 rows fall in 8 bank groups — and quantizes it once the slice is
-// loaded. Needs slices of whole 128-column groups (a group never straddles two CTAs).
+// Quantizing x in the gate (GateParams::x_q): the CTA keeps its tile's x of its slice in shared
+// memory after kSmemBytes — kRows rows of the slice's blocks side by side (block r + 8m at column
+// 128m), each row padded by 16 bytes so the MMAs' 16-byte reads of 8 rows fall in 8 bank groups —
+// and quantizes it once the slice is loaded: a block of the order is one 128-column group, so no
+// group needs two CTAs, whatever H.
 // The tilings that can: the cluster kernels (decode). The looped and pipelined ones (prefill) leave
 // x to quantize_tokens (src/tuning/heuristic.cpp, gate_quantizes_x: why).
 MK_HD constexpr bool gate_tiling_quantizes_x(GateKernel k) {
   return k == GateKernel::cluster_16x8 || k == GateKernel::cluster_32x8 || k == GateKernel::cluster_32x32;
 }
-MK_HD constexpr int64_t gate_x_row_bytes(int64_t hidden) { return gate_slice_width(hidden) * 2 + 16; }
-MK_HD constexpr bool gate_slices_hold_groups(int64_t hidden) { return gate_slice_width(hidden) % 128 == 0; }
+MK_HD constexpr int64_t gate_x_row_bytes(int64_t hidden) { return gate_slice_blocks(hidden, 0) * kGateBlock * 2 + 16; }
 template <int MT, int NT>
 MK_HD constexpr int64_t gate_quantizing_smem_bytes(int64_t hidden) {
   return GateTile<MT, NT>::kSmemBytes + int64_t(GateTile<MT, NT>::kRows) * gate_x_row_bytes(hidden);
 }
-// Entries of the pipelined kernel's step table for H: at most ceil(H / 32) steps plus one partial
-// step per slice.
-MK_HD constexpr int64_t gate_step_table_entries(int64_t hidden) {
-  return (hidden + kGateStep - 1) / kGateStep + kGateSlices;
-}
+// Entries of the pipelined kernel's block table for H: one a block.
+MK_HD constexpr int64_t gate_block_table_entries(int64_t hidden) { return gate_blocks(hidden); }
 
 // The pipelined kernel (gate/pipelined.cuh): a CTA per 128 x COLS tile of tokens x experts (COLS
 // 64, or 32 where 64-column tiles leave SMs idle: twice the CTAs, 4 warps each), a ring of
-// kGatePipeStages stages of kGatePipeGroup steps. Stages of 4 steps, 4 deep: the fastest of
-// 1 x 6, 2 x 6 and 4 x 4 under ncu (DeepSeek-V3 T=16384 gate 510 / 497 / 477 µs; Qwen3 115 / 118 /
-// 110 µs).
+// kGatePipeStages stages, each one block of the order (kGatePipeGroup = 4 steps). Stages of 4
+// steps, 4 deep: the fastest of 1 x 6, 2 x 6 and 4 x 4 under ncu when a stage was 4 steps of the
+// older step-interleaved order (DeepSeek-V3 T=16384 gate 510 / 497 / 477 µs; Qwen3 115 / 118 / 110).
 constexpr int kGatePipeRows = 128, kGatePipeCols = 64, kGatePipeNarrowCols = 32;
 MK_HD constexpr int gate_pipe_step_bytes(int cols) { return (kGatePipeRows + cols) * kGateStep * 2; }  // 12 or 10 KB
 constexpr int kGatePipeStepBytes = gate_pipe_step_bytes(kGatePipeCols);
-constexpr int kGatePipeGroup = 4, kGatePipeStages = 4;
-// Shared memory of the pipelined kernel for H: the ring, then the step table (two int32 a step).
+constexpr int kGatePipeGroup = kGateBlockSteps, kGatePipeStages = 4;
+// Shared memory of the pipelined kernel for H: the ring, then the block table (an int32 a block).
 MK_HD constexpr int64_t gate_pipelined_smem_bytes(int64_t hidden, int cols = kGatePipeCols) {
-  return int64_t(kGatePipeStages) * kGatePipeGroup * gate_pipe_step_bytes(cols) + 8 * gate_step_table_entries(hidden);
+  return int64_t(kGatePipeStages) * kGatePipeGroup * gate_pipe_step_bytes(cols) + 4 * gate_block_table_entries(hidden);
 }
 
 }  // namespace moekit::kernels::router

@@ -47,14 +47,14 @@ constexpr int64_t kGateClusterMaxTiles = 128;
 constexpr int64_t kGateClusterMaxTokens = 2048;
 
 // Whether gate kernel k quantizes an FP8 layer's x as it reads it (router/params.hpp): the
-// cluster tilings (decode), with slices of whole 128-column groups and the slice's x tile beside
-// the staging in shared memory. Prefill's tilings leave x to quantize_tokens' pass: the looped
-// one did it too, and its 64-row x tile cost the layer 20-36 µs against the pass's 4-14 µs (fewer
-// CTAs per SM for a latency-bound kernel; docs/perf/NOTES.md, "FP8"); the pipelined one streams
-// a slice's steps role by role, a group's four steps far apart.
+// cluster tilings (decode), whose CTAs keep their slice's x tile (whole 128-column groups: the
+// order's blocks) beside the staging in shared memory. Prefill's tilings leave x to
+// quantize_tokens' pass: the looped one did it too, and its 64-row x tile cost the layer 20-36 µs
+// against the pass's 4-14 µs (fewer CTAs per SM for a latency-bound kernel; docs/perf/NOTES.md,
+// "FP8"); the pipelined one could (a ring stage is one group of 128 rows) but does not yet.
 bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin) {
   namespace kr = kernels::router;
-  if (!kr::gate_tiling_quantizes_x(k) || !kr::gate_slices_hold_groups(hidden) || hidden >= (int64_t(1) << 30)) return false;
+  if (!kr::gate_tiling_quantizes_x(k) || hidden >= (int64_t(1) << 30)) return false;
   // Dynamic shared memory, plus the kernels' static tile of partial sums (kRows x kCols floats).
   auto fits = [&](int64_t dynamic, int rows, int cols) { return dynamic + int64_t(rows) * cols * 4 <= smem_per_block_optin; };
   switch (k) {

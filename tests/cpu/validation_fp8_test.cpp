@@ -132,8 +132,8 @@ TEST(Fp8Validation, UpTilesCoverWholeActGroups) {
 }
 
 // The router quantizes an FP8 layer's x where its gate kernel does (the decode cluster tilings,
-// slices of whole 128-column groups, the x tile in shared memory); elsewhere quantize_tokens' pass
-// runs. bf16 plans never ask.
+// whose slices are whole 128-column groups for any H, the x tile in shared memory); elsewhere
+// quantize_tokens' pass runs. bf16 plans never ask.
 TEST(Fp8Validation, RouterQuantizesXWhereTheGateCan) {
   auto router = [](int64_t T, int64_t H, int64_t F, int64_t E, int64_t k, Precision p) {
     return plan_forward(MoeShape{T, H, F, E, k}, kH200, p).router;
@@ -149,7 +149,8 @@ TEST(Fp8Validation, RouterQuantizesXWhereTheGateCan) {
   const RouterPlan pipe = router(16384, 7168, 2048, 256, 8, Precision::fp8);
   EXPECT_EQ(pipe.gate, GateKernel::pipelined_128x64);
   EXPECT_FALSE(pipe.quantize_x);
-  EXPECT_FALSE(router(1, 336, 256, 8, 2, Precision::fp8).quantize_x);  // 64-column slices cut groups
+  EXPECT_TRUE(router(1, 336, 256, 8, 2, Precision::fp8).quantize_x);   // H not /128: a partial last group
+  EXPECT_TRUE(router(1, 2880, 2880, 32, 4, Precision::fp8).quantize_x);  // gpt-oss-like: 22.5 groups
   // The 32 x 32 cluster tiling at H = 7168 needs ~126 KB: on a device with less, the pass.
   const RouterPlan cl = tuning::plan_router(200, 256, 7168, true, kH200.smem_per_block_optin, kH200.sm_count, Precision::fp8);
   EXPECT_EQ(cl.gate, GateKernel::cluster_32x32);

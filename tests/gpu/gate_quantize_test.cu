@@ -1,7 +1,7 @@
 // gate_quantize_test.cu — an FP8 layer's x quantized by the router's gate kernel as it reads x
 // (RouterPlan::quantize_x, router/gate/x_quant.cuh):
-//   - every gate tiling that quantizes (the decode clusters), at shapes whose slices are whole
-//     groups (H = 1024, 2048, 2880 with a partial last group, 4096, 7168), T across tile edges,
+//   - every gate tiling that quantizes (the decode clusters), at H = 336 and 2880 (a partial
+//     last group), 1024, 2048, 4096, 7168 and 9000 (roles of two blocks), T across tile edges,
 //     up to 256 tokens and beyond (several token tiles): x_q and x_scale bitwise
 //     ref::quantize_tokens, the logits and the selection bitwise those of the same tiling without
 //     quantizing (the logits' order is untouched), run to run and under graph replay;
@@ -62,7 +62,9 @@ TEST_F(GateQuantizeTest, EveryQuantizingTilingBitwiseQuantizeTokensWithUnchanged
                         {GateKernel::cluster_32x32, 129, 7168, 256}, {GateKernel::cluster_32x32, 70, 2880, 33},
                         // past decode, where the planner keeps the cluster tilings (at most 128 tiles)
                         {GateKernel::cluster_32x32, 1000, 2048, 128}, {GateKernel::cluster_32x8, 2048, 4096, 8},
-                        {GateKernel::cluster_32x32, 500, 7168, 256}};
+                        {GateKernel::cluster_32x32, 500, 7168, 256},
+                        // H not a multiple of 128 (a partial last group) and roles of two blocks
+                        {GateKernel::cluster_16x8, 3, 336, 16}, {GateKernel::cluster_32x32, 40, 9000, 64}};
   for (const Case& c : cases) {
     SCOPED_TRACE("gate " + std::to_string(int(c.gate)) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) +
                  " E=" + std::to_string(c.E));

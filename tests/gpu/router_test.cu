@@ -146,10 +146,11 @@ TEST_F(RouterTest, TensorCoreLogitsSmall) {
 // A token's tensor-core logits do not depend on the batch: the same rows give bitwise the same
 // logits at T = 1, 16 (decode clusters), 17 and 300 (32-row clusters), 2000 and 4300 (E = 200,
 // 256: the pipelined 128 x 32 and 128 x 64 tiles, the last token tile partial; E = 8, 64: a CTA
-// walking the slices), and on a second run. H = 7168: 28 steps per slice, roles of 4 and 3 steps;
-// H = 72: three one-step slices, five empty ones and roles without a step.
+// walking the slices), and on a second run. The order's blocks (gate/order.cuh): H = 2048, 16
+// blocks, two roles a slice; H = 7168, 56 blocks, role 7 of every slice empty; H = 72, one partial
+// block, slices 1-7 empty; H = 9000, 71 blocks (the last partial), roles of two blocks (b, b + 64).
 TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
-  for (int64_t H : {2048, 7168, 72})
+  for (int64_t H : {2048, 7168, 72, 9000})
   for (int64_t E : {8, 64, 200, 256}) {
     const int64_t Tmax = 4300;
     SCOPED_TRACE("H=" + std::to_string(H));

@@ -15,25 +15,25 @@
 
 namespace moekit::kernels::router {
 
-// The looped kernel keeps the order's structure in its threads (warp w sums the steps s ≡ w mod
-// kGateWarps of every slice, for a 64 x 32 tile): each CTA waits for 16 serial batches of loads at
-// one CTA per SM, and x and w_gate are re-read from L2 for every 64 x 32 tile (ncu, DeepSeek-V3
-// T=16384: 717 µs, 2.8 GB through L2, no eligible warp 70% of cycles).
+// The looped kernel keeps the order's structure in its threads (warp w sums role w of each slice,
+// for a 64 x 32 tile): each CTA waits for serial batches of loads at one CTA per SM, and x and
+// w_gate are re-read from L2 for every 64 x 32 tile (ncu, DeepSeek-V3 T=16384: 717 µs, 2.8 GB
+// through L2, no eligible warp 70% of cycles).
 //
 // This kernel computes the same sums in the same order with the order's roles unrolled in time:
-// every warp computes, for its own 32 x 32 outputs, the warp partials one after another —
-//   for slice r: for w in 0..7: P = Σ_{s ≡ w (mod 8), ascending} (two k16 MMAs per step, as
-//   above); V = w == 0 ? P : V + P;   then S = r == 0 ? V : S + V
+// every warp computes, for its own 32 x 32 outputs, the role partials one after another —
+//   for slice r: for role w in 0..7: P = Σ over the role's blocks, ascending, of their 4 steps
+//   (two k16 MMAs a step); V = V + P;   then S = S + V   (V and S starting at -0)
 // which is bitwise the looped and cluster kernels' logits (same MMAs on the same operands, the
-// same additions in the same order). The CTA streams the steps in exactly that order through a
-// ring of STAGES stages of G steps (32 columns of 128 x rows and 64 w_gate rows each), shared by
-// its 8 warps (4 x 2 of them over the tile): one barrier per stage. The order's columns are a
-// table in shared memory, written once per CTA, so a step's loads cost a table read.
-// ncu (DeepSeek-V3 T=16384): with 2 warps per scheduler the kernel is bound by instruction issue
-// (0.44 issued per cycle, tensor pipe ~19% active): 16 MMAs per warp and step against the
-// loads' and the order's bookkeeping; 3 accumulator sets (P, V, S) keep the warp tile at 32 x 32.
-// Parts: StepTable (the order), StageLoader (producer), RoleSums (mainloop in the order), and the
-// store of S (epilogue).
+// same additions in the same order). The CTA streams the blocks in exactly that order through a
+// ring of STAGES stages, a stage one block (4 steps of 32 columns of 128 x rows and COLS w_gate
+// rows), shared by its warps (4 x 2 or 4 x 1 of them over the tile): one barrier per stage. The
+// order's blocks are a table in shared memory, written once per CTA, so a stage's loads cost a
+// table read. A role ends on a stage's end, so a warp folds at most once a stage, 32 FADDs per
+// 64 MMAs (NOTES: when roles owned single 32-column steps, the folds after every step made the
+// kernel issue-bound, 0.44 instructions per cycle per scheduler at a tensor pipe ~20% busy).
+// Parts: BlockTable (the order), StageLoader (producer), RoleSums (mainloop in the order), and
+// the store of S (epilogue).
 // COLS: the tile's experts, 64 (8 warps, 4 x 2 over the tile) or 32 (4 warps, 4 x 1): each warp
 // sums its own 32 x 32 whatever the tile, so the narrow tile halves a CTA's work and doubles the
 // CTAs, for the T where 64-column tiles leave SMs idle.
@@ -51,37 +51,35 @@ struct GatePipe {
   static_assert(kChunks * kThreads == (kGatePipeRows + COLS) * 4, "every thread the same number of chunks");
   static_assert(STAGES >= 3 && kSmemBytes <= 200 * 1024, "a ring of at least 3 stages that fits shared memory");
 };
-static_assert(GatePipe<kGatePipeGroup, kGatePipeStages>::kSmemBytes + 8 * gate_step_table_entries(0) ==
+static_assert(kGatePipeGroup == kGateBlockSteps, "a stage is one block of the order");
+static_assert(GatePipe<kGatePipeGroup, kGatePipeStages>::kSmemBytes + 4 * gate_block_table_entries(0) ==
                   gate_pipelined_smem_bytes(0),
               "params.hpp's shared-memory size (the planner's) must be the kernel's");
-static_assert(GatePipe<kGatePipeGroup, kGatePipeStages, kGatePipeNarrowCols>::kSmemBytes + 8 * gate_step_table_entries(0) ==
+static_assert(GatePipe<kGatePipeGroup, kGatePipeStages, kGatePipeNarrowCols>::kSmemBytes + 4 * gate_block_table_entries(0) ==
                   gate_pipelined_smem_bytes(0, kGatePipeNarrowCols),
               "params.hpp's shared-memory size (the planner's) must be the kernel's");
 
-// The order as a table in shared memory: entry n = the column where the n-th step of the order
-// starts, and its slice's end. Thread r < 8 writes slice r's steps: roles w in order, s = w,
-// w + 8, ... . `total` steps in all.
-struct StepTable {
-  int32_t *k, *end;
-  int64_t total = 0;
-  __device__ __forceinline__ StepTable(unsigned char* table_smem, const GateSlicing& sl, int64_t hidden, int tid)
-      : k(reinterpret_cast<int32_t*>(table_smem)), end(k + gate_step_table_entries(hidden)) {
-    for (int r = 0; r < kGateSlices; ++r) total += sl.steps(r);
+// The order as a table in shared memory: entry n = the first column of the n-th block of the
+// order. Thread r < 8 writes slice r's blocks: roles w in order, each role's blocks ascending.
+// `total` blocks in all.
+struct BlockTable {
+  int32_t* k;
+  int64_t total;
+  __device__ __forceinline__ BlockTable(unsigned char* table_smem, int64_t hidden, int tid)
+      : k(reinterpret_cast<int32_t*>(table_smem)), total(gate_blocks(hidden)) {
     if (tid < kGateSlices) {
       int64_t n = 0;
-      for (int r = 0; r < tid; ++r) n += sl.steps(r);
-      const int64_t steps = sl.steps(tid), b = sl.begin(tid);
-      for (int w = 0; w < kGateWarps; ++w)
-        for (int64_t st = w; st < steps; st += kGateWarps, ++n) {
-          k[n] = int32_t(b + st * kGateStep);
-          end[n] = int32_t(sl.end(tid));
-        }
+      for (int r = 0; r < tid; ++r) n += gate_slice_blocks(hidden, r);
+      for (int w = 0; w < kGateWarps; ++w) {
+        const GateRole role(hidden, tid, w);
+        for (int64_t j = 0; j < role.blocks(); ++j, ++n) k[n] = int32_t(role.block(j) * kGateBlock);
+      }
     }
   }
 };
 
 // Producer: every thread's kChunks chunks of every step, 512 x chunks (row id/4, chunk id%4), then
-// 4 x COLS w_gate chunks, loaded G steps (one stage) at a time in the table's order.
+// 4 x COLS w_gate chunks, loaded a block (one stage, G steps) at a time in the table's order.
 template <int G, int STAGES, int COLS>
 struct StageLoader {
   using Pipe = GatePipe<G, STAGES, COLS>;
@@ -90,11 +88,12 @@ struct StageLoader {
   bool row_ok[kChunks];
   uint32_t dst[kChunks];
   uint32_t smem0;
+  int64_t hidden;
   int tid;
-  int64_t n_load = 0;  // the next step of the table to load
+  int64_t n_load = 0;  // the next block of the table to load
 
   __device__ __forceinline__ StageLoader(const GateParams& p, uint32_t smem, int t, int e0, int64_t t0)
-      : smem0(smem), tid(t) {
+      : smem0(smem), hidden(p.hidden), tid(t) {
     const int64_t H = p.hidden;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
@@ -114,17 +113,19 @@ struct StageLoader {
     }
   }
 
-  __device__ __forceinline__ void load(const StepTable& table, int slot) {
+  __device__ __forceinline__ void load(const BlockTable& table, int slot) {
+    if (n_load < table.total) {
+      const int64_t k0 = table.k[n_load];
 #pragma unroll
-    for (int u = 0; u < G; ++u) {
-      if (n_load >= table.total) break;
-      const int64_t k = table.k[n_load], k_end = table.end[n_load];
-      const uint32_t base = smem0 + uint32_t(slot * Pipe::kStageBytes + u * Pipe::kStepBytes);
+      for (int u = 0; u < G; ++u) {
+        const int64_t k = k0 + u * kGateStep;
+        const uint32_t base = smem0 + uint32_t(slot * Pipe::kStageBytes + u * Pipe::kStepBytes);
 #pragma unroll
-      for (int i = 0; i < kChunks; ++i) {
-        const int c = (tid + i * Pipe::kThreads) & 3;
-        const bool ok = row_ok[i] && k + c * 8 < k_end;
-        dev::cp_async16(base + dst[i], src[i] + k, ok ? 16u : 0u);
+        for (int i = 0; i < kChunks; ++i) {
+          const int c = (tid + i * Pipe::kThreads) & 3;
+          const bool ok = row_ok[i] && k + c * 8 < hidden;  // zero-filled past H
+          dev::cp_async16(base + dst[i], src[i] + k, ok ? 16u : 0u);
+        }
       }
       ++n_load;
     }
@@ -134,10 +135,11 @@ struct StageLoader {
 
 // Consumer: one warp's 32 x 32 of the tile, its sums in the fixed order. P is the current role's
 // partial; closing a role folds P into V (and, at the slice's end, V into S); roles without a
-// step fold a zero P. (r, w, left): slice, role, steps of the role still to come.
+// block fold a zero P, as the cluster and looped kernels add a zero partial for them. (r, w,
+// left): slice, role, blocks of the role still to come.
 struct RoleSums {
   float P[2][4][4], V[2][4][4], S[2][4][4];
-  const GateSlicing& sl;
+  int64_t hidden;
   int r = 0, w = 0;
   int64_t left;
 
@@ -151,26 +153,33 @@ struct RoleSums {
 #pragma unroll
         for (int i = 0; i < 4; ++i) f(mt, nt, i);
   }
-  __device__ __forceinline__ explicit RoleSums(const GateSlicing& s) : sl(s), left(gate_role_steps(s.steps(0), 0)) {
-    each_acc([&](int mt, int nt, int i) { P[mt][nt][i] = 0.0f; });
+  // V and S start each sum at -0, and every fold is an add: -0 + x is x for every float x (+0 and
+  // -0 included; a NaN's payload aside, which the later folds canonicalize either way), so V = -0
+  // + P is the first role's P and S = -0 + V the first slice's V, bit for bit. NOTES: the folds
+  // were `V = w == 0 ? P : V + P` (and S alike); with the role and slice known only at run time
+  // ptxas compiled each to a copy of P, a predicated FADD and a copy back.
+  static constexpr float kNegZero = -0.0f;
+  __device__ __forceinline__ explicit RoleSums(int64_t h) : hidden(h), left(gate_role_blocks(h, 0, 0)) {
+    each_acc([&](int mt, int nt, int i) { P[mt][nt][i] = 0.0f, V[mt][nt][i] = kNegZero, S[mt][nt][i] = kNegZero; });
     close_roles();
   }
   __device__ __forceinline__ void close_roles() {
     while (r < kGateSlices && left == 0) {
       each_acc([&](int mt, int nt, int i) {
-        V[mt][nt][i] = w == 0 ? P[mt][nt][i] : canon::add(V[mt][nt][i], P[mt][nt][i]);
+        V[mt][nt][i] = canon::add(V[mt][nt][i], P[mt][nt][i]);
         P[mt][nt][i] = 0.0f;
       });
       if (++w == kGateWarps) {
         each_acc([&](int mt, int nt, int i) {
-          S[mt][nt][i] = r == 0 ? V[mt][nt][i] : canon::add(S[mt][nt][i], V[mt][nt][i]);
+          S[mt][nt][i] = canon::add(S[mt][nt][i], V[mt][nt][i]);
+          V[mt][nt][i] = kNegZero;
         });
         w = 0, ++r;
       }
-      if (r < kGateSlices) left = gate_role_steps(sl.steps(r), w);
+      if (r < kGateSlices) left = gate_role_blocks(hidden, r, w);
     }
   }
-  // One step of the order (x rows then w_gate rows of its stage slot): two k16 MMAs into P.
+  // One step of a block (x rows then w_gate rows of its stage slot): two k16 MMAs into P.
   __device__ __forceinline__ void step(const unsigned char* xs, const unsigned char* ws, int wm, int wn, int g, int q) {
     uint4 xv[2][2], wv[4];
 #pragma unroll
@@ -187,6 +196,9 @@ struct RoleSums {
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) mma_step_half(P[mt][nt], xv[mt][0], xv[mt][1], wv[nt], j);
+  }
+  // A block's end: its role may close.
+  __device__ __forceinline__ void end_block() {
     --left;
     close_roles();
   }
@@ -203,26 +215,25 @@ __global__ void __launch_bounds__(GatePipe<G, STAGES, COLS>::kThreads, 1) gate_l
   const int64_t t0 = int64_t(blockIdx.y) * kGatePipeRows;
 
   StageLoader<G, STAGES, COLS> loader(p, dev::smem_addr(gate_smem), tid, e0, t0);
-  const GateSlicing sl(p.hidden);
-  const StepTable table(gate_smem + Pipe::kSmemBytes, sl, p.hidden, tid);
+  const BlockTable table(gate_smem + Pipe::kSmemBytes, p.hidden, tid);
   __syncthreads();
 
   dev::pdl_enter();  // x may be the previous kernel's output
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) loader.load(table, st);
 
-  RoleSums sums(sl);
+  RoleSums sums(p.hidden);
   int slot = 0;
-  for (int64_t n = 0; n < table.total; n += G) {
+  for (int64_t n = 0; n < table.total; ++n) {
     dev::cp_async_wait<STAGES - 2>();
     __syncthreads();  // the stage landed for every thread; the slot refilled next was read by all
     loader.load(table, slot == 0 ? STAGES - 1 : slot - 1);
 #pragma unroll
     for (int u = 0; u < G; ++u) {
-      if (n + u >= table.total) break;
       const unsigned char* xs = gate_smem + slot * Pipe::kStageBytes + u * Pipe::kStepBytes;
       sums.step(xs, xs + Pipe::kXBytes, wm, wn, g, q);
     }
+    sums.end_block();
     slot = slot + 1 == STAGES ? 0 : slot + 1;
   }
   dev::cp_async_wait_all();

@@ -31,8 +31,8 @@ __device__ __forceinline__ void mma_step_half(float (&acc)[4], const uint4& x_lo
 }
 
 // This warp's partial of one slice for the CTA's tile (tokens t0.., experts e0..), written to
-// its own part of `smem` as [kRows][kCols] floats: its steps s = warp, warp + kGateWarps, ... of
-// the slice, in ascending order. The first call issues its first w_gate loads before the PDL
+// its own part of `smem` as [kRows][kCols] floats: the steps of role `warp` of the slice
+// (order.cuh), in ascending order. The first call issues its first w_gate loads before the PDL
 // wait: x may be the previous kernel's output, w_gate must not be. That holds for every moekit
 // kernel (none writes a weight) and for any kernel that does not trigger its dependents early
 // (griddepcontrol.launch_dependents): such a kernel completes before this one starts. A caller
@@ -40,13 +40,14 @@ __device__ __forceinline__ void mma_step_half(float (&acc)[4], const uint4& x_lo
 // between them.
 // kKeepX (an FP8 layer's gate, params.hpp): the x chunks land in the CTA's x tile of the slice
 // (`x_tile`, rows of `x_row_bytes`) instead of the warp's staging, where they stay for
-// quantize_x_slice; chunks past the slice still go to the staging (zero-filled, never kept).
+// quantize_x_slice; chunks past H still go to the staging (zero-filled, never kept).
 template <int MT, int NT, bool kKeepX = false>
 __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slice, int e0, int64_t t0,
                                                    unsigned char* smem, bool& waited, uint32_t x_tile = 0,
                                                    int64_t x_row_bytes = 0) {
   using Tile = GateTile<MT, NT>;
   constexpr int kCols = Tile::kCols, kUnroll = Tile::kUnroll;
+  static_assert(kGateBlockSteps % kUnroll == 0, "a batch of steps never straddles two blocks");
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
   const int g = lane >> 2, q = lane & 3;  // the mma fragment's row group and quad lane
   unsigned char* my_smem = smem + warp * Tile::kWarpBytes;
@@ -54,14 +55,13 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
   const uint32_t stage = uint32_t(__cvta_generic_to_shared(my_smem));
   auto slot = [&](int u, int chunk) { return stage + uint32_t(((u * Tile::kChunks + chunk) * 32 + lane) * 16); };
   const int64_t H = p.hidden;
-  const GateSlicing sl(H);
-  const int64_t k_begin = sl.begin(slice), k_end = sl.end(slice), steps = sl.steps(slice);
+  const GateRole role(H, slice, warp);
+  const int64_t steps = role.steps();
   // Where x chunk (u, mt, h) of the batch at step s0 lands (and is read back from).
   auto x_slot = [&](int u, int mt, int h, int64_t s0, bool in) -> uint32_t {
     if constexpr (kKeepX) {
       if (in)
-        return x_tile + uint32_t(int64_t(mt * 16 + g + 8 * h) * x_row_bytes +
-                                 ((s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8) * 2);
+        return x_tile + uint32_t(int64_t(mt * 16 + g + 8 * h) * x_row_bytes + (role.slice_column(s0 + u) + q * 8) * 2);
     }
     return slot(u, NT + 2 * mt + h);
   };
@@ -95,12 +95,12 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 
-  for (int64_t s0 = warp; s0 < steps; s0 += int64_t(kGateWarps) * kUnroll) {
+  for (int64_t s0 = 0; s0 < steps; s0 += kUnroll) {  // kUnroll divides a block's 4 steps
     __syncwarp();  // the previous batch's slots have been read by every lane
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k_begin + (s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8;
-      const bool in = s0 + int64_t(u) * kGateWarps < steps && k < k_end;
+      const int64_t k = role.column(s0 + u) + q * 8;
+      const bool in = k < H;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) dev::cp_async16(slot(u, nt), wr[nt] + (k - q * 8), in && wok[nt] ? 16u : 0u);
     }
@@ -110,8 +110,8 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k_begin + (s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8;
-      const bool in = s0 + int64_t(u) * kGateWarps < steps && k < k_end;
+      const int64_t k = role.column(s0 + u) + q * 8;
+      const bool in = k < H;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -124,8 +124,8 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
     // each MMA still pairs x[t][c] with w[e][c].
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t k = k_begin + (s0 + int64_t(u) * kGateWarps) * kGateStep + q * 8;
-      const bool in = s0 + int64_t(u) * kGateWarps < steps && k < k_end;
+      const int64_t k = role.column(s0 + u) + q * 8;
+      const bool in = k < H;
       uint4 wv[NT], xv[MT][2];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) wv[nt] = *reinterpret_cast<const uint4*>(my_smem + (slot(u, nt) - stage));
