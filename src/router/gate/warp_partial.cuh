@@ -30,68 +30,93 @@ __device__ __forceinline__ void mma_step_half(float (&acc)[4], const uint4& x_lo
   dev::mma_bf16(acc, a, word(w, 2 * j), word(w, 2 * j + 1));
 }
 
-// This warp's partial of one slice for the CTA's tile (tokens t0.., experts e0..), written to
-// its own part of `smem` as [kRows][kCols] floats: the steps of role `warp` of the slice
-// (order.cuh), in ascending order. The first call issues its first w_gate loads before the PDL
-// wait: x may be the previous kernel's output, w_gate must not be. That holds for every moekit
-// kernel (none writes a weight) and for any kernel that does not trigger its dependents early
-// (griddepcontrol.launch_dependents): such a kernel completes before this one starts. A caller
-// whose own PDL kernel writes w_gate right before route() must put a plain launch or an event
-// between them.
-// kKeepX (an FP8 layer's gate, params.hpp): the x chunks land in the CTA's x tile of the slice
-// (`x_tile`, rows of `x_row_bytes`) instead of the warp's staging, where they stay for
-// quantize_x_slice; chunks past H still go to the staging (zero-filled, never kept).
-template <int MT, int NT, bool kKeepX = false>
-__device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slice, int e0, int64_t t0,
-                                                   unsigned char* smem, bool& waited, uint32_t x_tile = 0,
-                                                   int64_t x_row_bytes = 0) {
+// How a slice's roles spread over the CTA's kGateWarps warps. The non-empty roles of slice r are
+// its first min(8, slice blocks) (order.cuh); where they are at most 4 (or 2), each role's tile is
+// split between 2 (or 4) warps, each multiplying a part of the tile's 16 x 8 fragments — the same
+// MMAs on the same operands for every output, so the same bits — instead of leaving warps idle
+// while one warp runs the role's whole chain (Qwen3's H = 2048 has 2 blocks a slice). A split
+// F of an MT x NT tile of fragments: by rows where MT allows, else rows and columns, else columns.
+template <int MT, int NT, int F>
+struct GateSplit {
+  static constexpr bool kRows = MT % F == 0;
+  static constexpr bool kBoth = !kRows && F == 4 && MT % 2 == 0 && NT % 2 == 0;
+  static constexpr bool kOk = kRows || kBoth || NT % F == 0;
+  static constexpr int kMT = kRows ? MT / F : kBoth ? MT / 2 : MT;  // the part's fragments
+  static constexpr int kNT = kRows ? NT : kBoth ? NT / 2 : NT / F;
+};
+// Warps a role for slice `slice` of H in an MT x NT tiling: 4, 2 or 1.
+template <int MT, int NT>
+__device__ __forceinline__ int gate_split(int64_t hidden, int slice) {
+  const int64_t roles = min(int64_t(kGateWarps), gate_slice_blocks(hidden, slice));
+  if (roles <= 2 && GateSplit<MT, NT, 4>::kOk) return 4;
+  if (roles <= 4 && GateSplit<MT, NT, 2>::kOk) return 2;
+  return 1;
+}
+
+// One warp's part of role `role` of a slice for the CTA's tile (tokens t0.., experts e0..): the
+// MTW x NTW fragments from (mt0, nt0), written to the warp's own part of `smem` at their place in
+// a [kRows][kCols] float tile: the role's steps in ascending order (order.cuh). The first call
+// issues its first w_gate loads before the PDL wait: x may be the previous kernel's output,
+// w_gate must not be. That holds for every moekit kernel (none writes a weight) and for any kernel
+// that does not trigger its dependents early (griddepcontrol.launch_dependents): such a kernel
+// completes before this one starts. A caller whose own PDL kernel writes w_gate right before
+// route() must put a plain launch or an event between them.
+// kKeepX (an FP8 layer's gate, params.hpp): where keep_x, the x chunks land in the CTA's x tile
+// of the slice (`x_tile`, rows of `x_row_bytes`) instead of the warp's staging, where they stay
+// for quantize_x_slice; chunks past H still go to the staging (zero-filled, never kept). (Of the
+// warps that split a role by columns, one keeps x: the others load the same rows.)
+template <int MT, int NT, int MTW, int NTW, bool kKeepX>
+__device__ __forceinline__ void warp_role_partial(const GateParams& p, const GateRole& role, int mt0, int nt0, bool keep_x,
+                                                  int e0, int64_t t0, unsigned char* smem, bool& waited,
+                                                  uint32_t x_tile, int64_t x_row_bytes) {
   using Tile = GateTile<MT, NT>;
   constexpr int kCols = Tile::kCols, kUnroll = Tile::kUnroll;
+  constexpr int kChunks = NTW + 2 * MTW;  // of the part: fits the tile's staging
   static_assert(kGateBlockSteps % kUnroll == 0, "a batch of steps never straddles two blocks");
   const int warp = int(threadIdx.x >> 5), lane = dev::lane_id();
   const int g = lane >> 2, q = lane & 3;  // the mma fragment's row group and quad lane
   unsigned char* my_smem = smem + warp * Tile::kWarpBytes;
-  // Staging: [u][chunk][lane] 16-byte slots; chunk nt (w rows) then NT + 2*mt + h (x rows).
+  // Staging: [u][chunk][lane] 16-byte slots; chunk nt (w rows) then NTW + 2*mt + h (x rows).
   const uint32_t stage = uint32_t(__cvta_generic_to_shared(my_smem));
-  auto slot = [&](int u, int chunk) { return stage + uint32_t(((u * Tile::kChunks + chunk) * 32 + lane) * 16); };
+  auto slot = [&](int u, int chunk) { return stage + uint32_t(((u * kChunks + chunk) * 32 + lane) * 16); };
   const int64_t H = p.hidden;
-  const GateRole role(H, slice, warp);
   const int64_t steps = role.steps();
   // Where x chunk (u, mt, h) of the batch at step s0 lands (and is read back from).
   auto x_slot = [&](int u, int mt, int h, int64_t s0, bool in) -> uint32_t {
     if constexpr (kKeepX) {
-      if (in)
-        return x_tile + uint32_t(int64_t(mt * 16 + g + 8 * h) * x_row_bytes + (role.slice_column(s0 + u) + q * 8) * 2);
+      if (in && keep_x)
+        return x_tile + uint32_t(int64_t((mt0 + mt) * 16 + g + 8 * h) * x_row_bytes +
+                                 (role.slice_column(s0 + u) + q * 8) * 2);
     }
-    return slot(u, NT + 2 * mt + h);
+    return slot(u, NTW + 2 * mt + h);
   };
   const uint32_t smem_base = uint32_t(__cvta_generic_to_shared(smem));
 
-  // Rows this lane loads: tokens t0 + mt*16 + g (+8), experts e0 + nt*8 + g.
-  const __nv_bfloat16* xr[MT][2];
-  bool xok[MT][2];
+  // Rows this lane loads: tokens t0 + (mt0 + mt)*16 + g (+8), experts e0 + (nt0 + nt)*8 + g.
+  const __nv_bfloat16* xr[MTW][2];
+  bool xok[MTW][2];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t t = t0 + mt * 16 + g + 8 * h;
+      const int64_t t = t0 + (mt0 + mt) * 16 + g + 8 * h;
       xok[mt][h] = t < p.tokens;
       xr[mt][h] = p.x + (xok[mt][h] ? t : 0) * H + q * 8;
     }
-  const __nv_bfloat16* wr[NT];
-  bool wok[NT];
+  const __nv_bfloat16* wr[NTW];
+  bool wok[NTW];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int e = e0 + nt * 8 + g;
+  for (int nt = 0; nt < NTW; ++nt) {
+    const int e = e0 + (nt0 + nt) * 8 + g;
     wok[nt] = e < p.experts;
     wr[nt] = p.w_gate + int64_t(wok[nt] ? e : 0) * H + q * 8;
   }
 
-  float acc[MT][NT][4];
+  float acc[MTW][NTW][4];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < NTW; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
 
@@ -102,7 +127,7 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
       const int64_t k = role.column(s0 + u) + q * 8;
       const bool in = k < H;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) dev::cp_async16(slot(u, nt), wr[nt] + (k - q * 8), in && wok[nt] ? 16u : 0u);
+      for (int nt = 0; nt < NTW; ++nt) dev::cp_async16(slot(u, nt), wr[nt] + (k - q * 8), in && wok[nt] ? 16u : 0u);
     }
     if (!waited) {
       dev::pdl_enter();
@@ -113,7 +138,7 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
       const int64_t k = role.column(s0 + u) + q * 8;
       const bool in = k < H;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           dev::cp_async16(x_slot(u, mt, h, s0, in), xr[mt][h] + (k - q * 8), in && xok[mt][h] ? 16u : 0u);
@@ -126,20 +151,20 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = role.column(s0 + u) + q * 8;
       const bool in = k < H;
-      uint4 wv[NT], xv[MT][2];
+      uint4 wv[NTW], xv[MTW][2];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) wv[nt] = *reinterpret_cast<const uint4*>(my_smem + (slot(u, nt) - stage));
+      for (int nt = 0; nt < NTW; ++nt) wv[nt] = *reinterpret_cast<const uint4*>(my_smem + (slot(u, nt) - stage));
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           xv[mt][h] = *reinterpret_cast<const uint4*>(smem + (x_slot(u, mt, h, s0, in) - smem_base));
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mma_step_half(acc[mt][nt], xv[mt][0], xv[mt][1], wv[nt], j);
+          for (int nt = 0; nt < NTW; ++nt) mma_step_half(acc[mt][nt], xv[mt][0], xv[mt][1], wv[nt], j);
     }
   }
   __syncwarp();  // staging reads done before the partial overwrites it
@@ -147,10 +172,10 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
   // C fragment: c0,c1 row g cols 2q,2q+1; c2,c3 row g+8.
   float (*part)[kCols] = reinterpret_cast<float (*)[kCols]>(my_smem);
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+  for (int mt = 0; mt < MTW; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const int r = mt * 16 + g, c = nt * 8 + 2 * q;
+    for (int nt = 0; nt < NTW; ++nt) {
+      const int r = (mt0 + mt) * 16 + g, c = (nt0 + nt) * 8 + 2 * q;
       part[r][c] = acc[mt][nt][0];
       part[r][c + 1] = acc[mt][nt][1];
       part[r + 8][c] = acc[mt][nt][2];
@@ -158,14 +183,68 @@ __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slic
     }
 }
 
-// Element i of the tile summed over the warp partials, in warp order (after a __syncthreads).
-template <int MT, int NT>
-__device__ __forceinline__ float sum_warp_partials(const unsigned char* smem, int i) {
+// The part of a role that warp `warp` takes in a split F: role warp / F, part warp % F, its
+// first fragment (mt0, nt0).
+template <int MT, int NT, int F>
+struct GatePart {
+  using S = GateSplit<MT, NT, F>;
+  static constexpr int kColParts = NT / S::kNT;
+  __device__ static int mt0(int part) { return part / kColParts * S::kMT; }
+  __device__ static int nt0(int part) { return part % kColParts * S::kNT; }
+};
+
+template <int MT, int NT, int F, bool kKeepX>
+__device__ __forceinline__ void warp_split_partial(const GateParams& p, int slice, int e0, int64_t t0,
+                                                   unsigned char* smem, bool& waited, uint32_t x_tile,
+                                                   int64_t x_row_bytes) {
+  using S = GateSplit<MT, NT, F>;
+  using Part = GatePart<MT, NT, F>;
+  const int warp = int(threadIdx.x >> 5), part = warp % F;
+  const GateRole role(p.hidden, slice, warp / F);  // past the slice's roles: no steps
+  warp_role_partial<MT, NT, S::kMT, S::kNT, kKeepX>(p, role, Part::mt0(part), Part::nt0(part), Part::nt0(part) == 0,
+                                                    e0, t0, smem, waited, x_tile, x_row_bytes);
+}
+
+// This warp's share of one slice for the CTA's tile (gate_split: a role alone, or a part of one).
+template <int MT, int NT, bool kKeepX = false>
+__device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slice, int e0, int64_t t0,
+                                                   unsigned char* smem, bool& waited, uint32_t x_tile = 0,
+                                                   int64_t x_row_bytes = 0) {
+  const int split = gate_split<MT, NT>(p.hidden, slice);
+  if constexpr (GateSplit<MT, NT, 4>::kOk) {
+    if (split == 4) return warp_split_partial<MT, NT, 4, kKeepX>(p, slice, e0, t0, smem, waited, x_tile, x_row_bytes);
+  }
+  if constexpr (GateSplit<MT, NT, 2>::kOk) {
+    if (split == 2) return warp_split_partial<MT, NT, 2, kKeepX>(p, slice, e0, t0, smem, waited, x_tile, x_row_bytes);
+  }
+  warp_split_partial<MT, NT, 1, kKeepX>(p, slice, e0, t0, smem, waited, x_tile, x_row_bytes);
+}
+
+// Element i of the tile of slice `slice` summed over its role partials, in role order (after a
+// __syncthreads): role w's value of element i is in the slab of the warp whose part holds it;
+// a role past the slice's roles adds a zero partial (as the pipelined kernel folds one).
+template <int MT, int NT, int F>
+__device__ __forceinline__ float sum_role_partials(const unsigned char* smem, int i) {
   using Tile = GateTile<MT, NT>;
-  float v = reinterpret_cast<const float*>(smem)[i];
+  using S = GateSplit<MT, NT, F>;
+  const int mt = i / Tile::kCols / 16, nt = i % Tile::kCols / 8;
+  const int part = mt / S::kMT * GatePart<MT, NT, F>::kColParts + nt / S::kNT;
+  auto at = [&](int w) { return reinterpret_cast<const float*>(smem + (w * F + part) * Tile::kWarpBytes)[i]; };
+  float v = at(0);
 #pragma unroll
-  for (int w = 1; w < kGateWarps; ++w) v = canon::add(v, reinterpret_cast<const float*>(smem + w * Tile::kWarpBytes)[i]);
+  for (int w = 1; w < kGateWarps; ++w) v = canon::add(v, w * F < kGateWarps ? at(w) : 0.0f);
   return v;
+}
+template <int MT, int NT>
+__device__ __forceinline__ float sum_warp_partials(const GateParams& p, int slice, const unsigned char* smem, int i) {
+  const int split = gate_split<MT, NT>(p.hidden, slice);
+  if constexpr (GateSplit<MT, NT, 4>::kOk) {
+    if (split == 4) return sum_role_partials<MT, NT, 4>(smem, i);
+  }
+  if constexpr (GateSplit<MT, NT, 2>::kOk) {
+    if (split == 2) return sum_role_partials<MT, NT, 2>(smem, i);
+  }
+  return sum_role_partials<MT, NT, 1>(smem, i);
 }
 
 }  // namespace moekit::kernels::router
