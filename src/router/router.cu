@@ -103,7 +103,7 @@ template <int COLS>
 void launch_gate_pipelined(const kr::GateParams& p, cudaStream_t stream) {
   using Pipe = kr::GatePipe<kr::kGatePipeGroup, kr::kGatePipeStages, COLS>;
   auto kernel = kr::gate_logits_pipelined_kernel<kr::kGatePipeGroup, kr::kGatePipeStages, COLS>;
-  // Once per device: its limit raised to the device's maximum (the step table grows with H).
+  // Once per device: its limit raised to the device's maximum (the block table grows with H).
   static PerDevice<bool> smem_ready;
   smem_ready.get([&](int device) {
     int optin = 0;

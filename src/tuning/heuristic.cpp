@@ -51,7 +51,7 @@ constexpr int64_t kGateClusterMaxTokens = 2048;
 // order's blocks) beside the staging in shared memory. Prefill's tilings leave x to
 // quantize_tokens' pass: the looped one did it too, and its 64-row x tile cost the layer 20-36 µs
 // against the pass's 4-14 µs (fewer CTAs per SM for a latency-bound kernel; docs/perf/NOTES.md,
-// "FP8"); the pipelined one could (a ring stage is one group of 128 rows) but does not yet.
+// "FP8"); the pipelined one could (a ring stage is one 128-column group of its 128 rows) but does not yet.
 bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin) {
   namespace kr = kernels::router;
   if (!kr::gate_tiling_quantizes_x(k) || hidden >= (int64_t(1) << 30)) return false;
@@ -69,7 +69,7 @@ bool gate_quantizes_x(GateKernel k, int64_t hidden, int64_t smem_per_block_optin
 // Decode: up to 16 tokens, 16 x 8 tiles in clusters, w_gate spread over the most SMs. Up to 256
 // tokens, and beyond while they are few (kGateClusterMaxTiles): 32 x 32 (32 x 8 for E <= 8) tiles
 // in clusters. Beyond: one CTA per 64 x 32 (64 x 8) tile walking the slices; from kGatePipeMinCtas
-// of its 128 x 64 tiles (E > 8), the pipelined kernel, when its step table fits shared memory (on
+// of its 128 x 64 tiles (E > 8), the pipelined kernel, when its block table fits shared memory (on
 // 128 x 32 tiles where the 128 x 64 ones would fill at most half the SMs).
 RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool logits_in_memory,
                        int64_t smem_per_block_optin, int sm_count, Precision precision) {

@@ -148,9 +148,11 @@ TEST_F(RouterTest, TensorCoreLogitsSmall) {
 // 256: the pipelined 128 x 32 and 128 x 64 tiles, the last token tile partial; E = 8, 64: a CTA
 // walking the slices), and on a second run. The order's blocks (gate/order.cuh): H = 2048, 16
 // blocks, two roles a slice; H = 7168, 56 blocks, role 7 of every slice empty; H = 72, one partial
-// block, slices 1-7 empty; H = 9000, 71 blocks (the last partial), roles of two blocks (b, b + 64).
+// block, slices 1-7 empty; H = 9000, 71 blocks (the last partial), roles of two blocks (b, b + 64);
+// the warps' split of a slice's roles (warp_partial.cuh): 4 warps a role at H = 2048, 2 at 4096,
+// and at 2560 (20 blocks) 2 in slices 0-3 and 4 in slices 4-7.
 TEST_F(RouterTest, TensorCoreLogitsBatchInvariantAndDeterministic) {
-  for (int64_t H : {2048, 7168, 72, 9000})
+  for (int64_t H : {2048, 7168, 72, 9000, 4096, 2560})
   for (int64_t E : {8, 64, 200, 256}) {
     const int64_t Tmax = 4300;
     SCOPED_TRACE("H=" + std::to_string(H));

@@ -46,7 +46,9 @@ __global__ void __cluster_dims__(kGateSlices, 1, 1) __launch_bounds__(32 * kGate
   __syncthreads();
   if constexpr (kQuantX)
     if (e0 == 0) quantize_x_slice<kRows>(p, slice, t0, x_tile, x_row_bytes);
-  for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) s_slice[i] = sum_warp_partials<MT, NT>(p, slice, gate_smem, i);
+  const int split = gate_split<MT, NT>(p.hidden, slice);
+  for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps)
+    s_slice[i] = sum_warp_partials<MT, NT>(split, gate_smem, i);
 
   // Slice partials, in slice order: CTA r of the cluster sums and stores every kGateSlices-th
   // block of the tile's elements, reading the other CTAs' s_slice.
@@ -80,8 +82,9 @@ __global__ void __launch_bounds__(32 * kGateWarps) gate_logits_looped_kernel(Gat
   for (int slice = 0; slice < kGateSlices; ++slice) {
     warp_slice_partial<MT, NT>(p, slice, e0, t0, gate_smem, waited);
     __syncthreads();
+    const int split = gate_split<MT, NT>(p.hidden, slice);
     for (int i = int(threadIdx.x); i < kRows * kCols; i += 32 * kGateWarps) {
-      const float v = sum_warp_partials<MT, NT>(p, slice, gate_smem, i);
+      const float v = sum_warp_partials<MT, NT>(split, gate_smem, i);
       s_sum[i] = slice == 0 ? v : canon::add(s_sum[i], v);
     }
     __syncthreads();  // the partials are read before the next slice's loads overwrite them

@@ -44,7 +44,7 @@ struct GatePipe {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kStepBytes = gate_pipe_step_bytes(COLS);
   static constexpr int kStageBytes = G * kStepBytes;
-  static constexpr int kSmemBytes = STAGES * kStageBytes;  // then the table of the steps' columns
+  static constexpr int kSmemBytes = STAGES * kStageBytes;  // then the table of the blocks' columns
   static constexpr int kXBytes = kGatePipeRows * kGateStep * 2;  // [128][32] bf16 per step, then w [COLS][32]
   // 16-byte chunks a step (4 a row of x and of w_gate), a thread's share: 3 (COLS 64) or 5 (32).
   static constexpr int kChunks = (kGatePipeRows + COLS) * 4 / kThreads;

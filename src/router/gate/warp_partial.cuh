@@ -235,9 +235,9 @@ __device__ __forceinline__ float sum_role_partials(const unsigned char* smem, in
   for (int w = 1; w < kGateWarps; ++w) v = canon::add(v, w * F < kGateWarps ? at(w) : 0.0f);
   return v;
 }
+// split: gate_split's for the slice, as warp_slice_partial took it.
 template <int MT, int NT>
-__device__ __forceinline__ float sum_warp_partials(const GateParams& p, int slice, const unsigned char* smem, int i) {
-  const int split = gate_split<MT, NT>(p.hidden, slice);
+__device__ __forceinline__ float sum_warp_partials(int split, const unsigned char* smem, int i) {
   if constexpr (GateSplit<MT, NT, 4>::kOk) {
     if (split == 4) return sum_role_partials<MT, NT, 4>(smem, i);
   }
