@@ -244,20 +244,22 @@ TEST(CostModel, EstimatesTheH200RunOfRecordWithinItsBounds) {
 // measured on an H100 (tests/cpu/data/tune-untuned-h100.json: the candidates within 1.5x of each
 // point's best); and few-expert shapes with the wgmma down's split-K among them
 // (tune-wgmma-split-h100.json: Mixtral-8x7B, Mixtral-8x22B, Llama-4-Scout at T = 256-4096; the
-// H100 has no table, so the model plans them there). The model's choice must be within 1.10x of
-// the best there; at this writing the worst point is 1.034x. A choice missing from a file was
-// more than 1.5x the best (or, in the untuned models' file, which predates it, a wgmma split-K).
+// H100 has no table, so the model plans them there); and FP8 decode of Qwen3-30B-A3B at T = 1-16
+// (tune-fp8-h100.json, measured before the H100's FP8 table existed: the model's own choices). The
+// model's choice must be within 1.10x of the best there. A choice missing from a file was more
+// than 1.5x the best (or, in the untuned models' file, which predates it, a wgmma split-K).
 TEST(CostModel, ChoosesWithinTenPercentOfTunesBestOnUntunedModels) {
   double worst = 0;
   size_t points = 0;
-  for (const char* name : {"tune-untuned-h100.json", "tune-wgmma-split-h100.json"}) {
+  for (const char* name : {"tune-untuned-h100.json", "tune-wgmma-split-h100.json", "tune-fp8-h100.json"}) {
     std::ifstream f(std::filesystem::path(MOEKIT_SOURCE_DIR) / "tests" / "cpu" / "data" / name);
     ASSERT_TRUE(f.good()) << name;
     const nlohmann::json doc = nlohmann::json::parse(f);
     ASSERT_GE(doc["points"].size(), 3u) << name;
+    const Precision precision = doc.value("dtype", "bf16") == "fp8" ? Precision::fp8 : Precision::bf16;
     for (const auto& pt : doc["points"]) {
       const MoeShape s{pt["tokens"], pt["hidden"], pt["inter"], pt["experts"], pt["topk"]};
-      const TileChoice c = tuning::cheapest_tiles(s, kH100, Precision::bf16);
+      const TileChoice c = tuning::cheapest_tiles(s, kH100, precision);
       const std::string where = std::string(name) + " H=" + std::to_string(s.hidden) + " F=" + std::to_string(s.inter) +
                                 " E=" + std::to_string(s.experts) + " k=" + std::to_string(s.topk) +
                                 " T=" + std::to_string(s.tokens) + ": " + c.up.str() + " / " + c.down.str() +
