@@ -66,11 +66,13 @@ expect 3 "--hidden: check --cpu runs H up to 1024" check --cpu --hidden 4096
 expect 0 "oracle OK" check --cpu --tokens 5
 expect 0 "oracle OK" check --cpu --tokens 3 --experts 16 --topk 4 --hidden 128 --inter 64
 # plan: no GPU needed with a described device. On the H200's name the table plans the presets; on
-# the H100's (no table) the cost model does (its choice is listed even when past --top: it takes
-# the earliest compiled candidate within 3% of the cheapest).
+# the H100's the cost model does, but for its table's FP8 decode buckets (T <= 32-64) (its choice
+# is listed even when past --top: it takes the earliest compiled candidate within 3% of the
+# cheapest).
 expect 0 "T=256 .*table:configs/nvidia-h200.json" plan --device h200 --preset qwen3-30b-a3b --tokens 256
 expect 0 "^ +[0-9]+\. model +[0-9.]+ ms +up m32n64k128w1x4s[34] .*<- planned" plan --device h100 --preset qwen3-30b-a3b --tokens 256
-expect 0 "up fp8-m16n256k256w1x8s3 .*<- planned" plan --device h100 --preset deepseek-v3 --dtype fp8 --tokens 16
+expect 0 "T=16 .*table:configs/nvidia-h100-80gb-hbm3.json" plan --device h100 --preset deepseek-v3 --dtype fp8 --tokens 16
+expect 0 "up fp8-m16n256k256w1x8s3 .*<- planned" plan --device h100 --preset deepseek-v3 --dtype fp8 --tokens 64
 expect 0 "T=16384 .*wgmma" plan --device h100 --preset llama4-scout --tokens 1,16384 --top 1
 expect 3 "^--device: .*nope" plan --device nope
 expect 3 "^moekit: error: --hidden: H must be a positive multiple of 8" plan --hidden 100
