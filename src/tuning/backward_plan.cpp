@@ -16,7 +16,7 @@ namespace moekit::tuning {
 
 int plan_splits(int64_t tiles, int64_t k_steps, int sm_count, int max_splits) {
   int splits = 1;
-  while (splits < max_splits && tiles * splits < 2 * int64_t(sm_count) && k_steps / (2 * splits) >= 4) splits *= 2;
+  while (splits < max_splits && tiles * splits < 2 * int64_t(sm_count) && k_steps / (2 * splits) >= kMinSliceKTiles) splits *= 2;
   return splits;
 }
 

@@ -119,6 +119,13 @@ double estimate_given(const MoeShape& s, const TileChoice& choice, const DeviceI
          gemm_us(down, choice.down, false, splits, b, math_rows, device, m);
 }
 
+// Whether choice's down split leaves each K-slice kMinSliceKTiles K-tiles (planner.hpp): split-K's
+// fixed costs are not in the estimate, which would otherwise split short K (always true unsplit).
+bool slices_keep_k_tiles(const MoeShape& s, const TileChoice& c) {
+  const int64_t k_tiles = (s.inter + c.down.block_k - 1) / c.down.block_k;
+  return c.down_splits <= 1 || k_tiles / c.down_splits >= kMinSliceKTiles;
+}
+
 // The rows a choice's tensor cores compute: whole blocks, but 64-row halves on the wgmma kernel,
 // which skips a consumer warpgroup whose rows are all padding.
 double math_rows_of(const MoeShape& s, const GemmConfig& c, const BlockEstimate& b) {
@@ -128,16 +135,6 @@ double math_rows_of(const MoeShape& s, const GemmConfig& c, const BlockEstimate&
 }
 }  // namespace
 
-// Split-K's fixed costs (a slice's pipeline fill and its FP32 partials' epilogue) are not in the
-// estimate, so it would split K into slices too short to amortise them: the model takes a split
-// only where each slice keeps min_split_k_tiles K-tiles (the rule the backward's dx split uses).
-// Measured: Qwen3-30B-A3B FP8 T=1 on the H100 (K = 768, three 256-deep tiles), a split-2 down
-// estimated 0.2% above the unsplit one measured 10% slower (tests/cpu/data/tune-fp8-h100.json).
-bool splits_keep_pipeline_busy(const MoeShape& s, const TileChoice& c, const MachineModel& m) {
-  if (c.down_splits <= 1) return true;
-  const int64_t k_tiles = (s.inter + c.down.block_k - 1) / c.down.block_k;
-  return k_tiles / c.down_splits >= m.min_split_k_tiles;
-}
 
 double estimate_experts_us(const MoeShape& s, const TileChoice& choice, const DeviceInfo& device, Precision precision,
                            const MachineModel& m) {
@@ -165,7 +162,7 @@ TileChoice cheapest_tiles(const MoeShape& shape, const DeviceInfo& device, Preci
   std::vector<double> us(candidates.size());
   double best_us = std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < candidates.size(); ++i) {
-    if (!splits_keep_pipeline_busy(shape, candidates[i], m)) {
+    if (!slices_keep_k_tiles(shape, candidates[i])) {
       us[i] = std::numeric_limits<double>::infinity();
       continue;
     }

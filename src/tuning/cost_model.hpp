@@ -59,12 +59,7 @@ struct MachineModel {
   double wgmma_item_us = 1.5;     // a wgmma work item's epilogue and pipeline refill, tensor pipe idle
   double mma_sync_item_us = 0.2;  // an mma.sync item's epilogue (its loads stream across items)
   double launch_us = 2.0;         // a kernel in a graph, start to end, beside its work
-  int min_split_k_tiles = 4;      // K-tiles a down slice needs to amortise its fill and partials
 };
-
-// Whether choice's down split leaves each K-slice at least m.min_split_k_tiles K-tiles (always,
-// unsplit).
-bool splits_keep_pipeline_busy(const MoeShape& shape, const TileChoice& choice, const MachineModel& m = {});
 
 // Estimated time in µs of the up and down GEMMs of `choice` for `shape` (plus, with split-K, the
 // partial sums' extra traffic through the combine).
@@ -72,7 +67,7 @@ double estimate_experts_us(const MoeShape& shape, const TileChoice& choice, cons
                            Precision precision, const MachineModel& m = {});
 
 // The first candidate, in tune_candidates' order, whose estimate is within tie_slack of the
-// smallest; a down split whose slices keep fewer than min_split_k_tiles K-tiles is not a candidate.
+// smallest; a down split whose slices keep fewer than kMinSliceKTiles K-tiles is not a candidate.
 // Throws moekit::Error naming `device` when no compiled config fits its shared memory.
 TileChoice cheapest_tiles(const MoeShape& shape, const DeviceInfo& device, Precision precision,
                           const MachineModel& m = {});

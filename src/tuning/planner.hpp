@@ -44,6 +44,12 @@ RouterPlan plan_router(int64_t tokens, int64_t experts, int64_t hidden, bool log
                        int64_t smem_per_block_optin, int sm_count, Precision precision = Precision::bf16);
 // Stage 2: the align kernel for this many assignments (T·k).
 AlignKernel plan_align(int64_t assignments);
+// K-tiles a K-slice keeps at least, wherever moekit splits a reduction (the forward's down GEMM,
+// plan_down_splits and the cost model's candidates; the backward's plan_splits): a slice's
+// pipeline fill and its FP32 partials' epilogue are fixed costs that fewer K-tiles do not
+// amortise (Qwen3-30B-A3B FP8 T=1 on the H100, K = 3 tiles: a split-2 down measured 10% slower
+// than the unsplit one, tests/cpu/data/tune-fp8-h100.json).
+inline constexpr int64_t kMinSliceKTiles = 4;
 // Splits of the down GEMM's K for a decode config (1: none).
 int plan_down_splits(const MoeShape& shape, const GemmConfig& down, const DeviceInfo& device);
 
