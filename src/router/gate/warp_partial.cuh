@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/async_copy.cuh"
 #include "common/canon.hpp"
@@ -205,19 +206,27 @@ __device__ __forceinline__ void warp_split_partial(const GateParams& p, int slic
                                                     e0, t0, smem, waited, x_tile, x_row_bytes);
 }
 
+// f(std::integral_constant<int, F>{}) for the split F = split (gate_split's: 4, 2 or 1), each F
+// compiled only where the tiling allows it: the one dispatch of the slice's loads and of its sum.
+template <int MT, int NT, class Fn>
+__device__ __forceinline__ auto with_gate_split(int split, Fn&& f) {
+  if constexpr (GateSplit<MT, NT, 4>::kOk) {
+    if (split == 4) return f(std::integral_constant<int, 4>{});
+  }
+  if constexpr (GateSplit<MT, NT, 2>::kOk) {
+    if (split == 2) return f(std::integral_constant<int, 2>{});
+  }
+  return f(std::integral_constant<int, 1>{});
+}
+
 // This warp's share of one slice for the CTA's tile (gate_split: a role alone, or a part of one).
 template <int MT, int NT, bool kKeepX = false>
 __device__ __forceinline__ void warp_slice_partial(const GateParams& p, int slice, int e0, int64_t t0,
                                                    unsigned char* smem, bool& waited, uint32_t x_tile = 0,
                                                    int64_t x_row_bytes = 0) {
-  const int split = gate_split<MT, NT>(p.hidden, slice);
-  if constexpr (GateSplit<MT, NT, 4>::kOk) {
-    if (split == 4) return warp_split_partial<MT, NT, 4, kKeepX>(p, slice, e0, t0, smem, waited, x_tile, x_row_bytes);
-  }
-  if constexpr (GateSplit<MT, NT, 2>::kOk) {
-    if (split == 2) return warp_split_partial<MT, NT, 2, kKeepX>(p, slice, e0, t0, smem, waited, x_tile, x_row_bytes);
-  }
-  warp_split_partial<MT, NT, 1, kKeepX>(p, slice, e0, t0, smem, waited, x_tile, x_row_bytes);
+  with_gate_split<MT, NT>(gate_split<MT, NT>(p.hidden, slice), [&](auto f) {
+    warp_split_partial<MT, NT, decltype(f)::value, kKeepX>(p, slice, e0, t0, smem, waited, x_tile, x_row_bytes);
+  });
 }
 
 // Element i of the tile of slice `slice` summed over its role partials, in role order (after a
@@ -238,13 +247,7 @@ __device__ __forceinline__ float sum_role_partials(const unsigned char* smem, in
 // split: gate_split's for the slice, as warp_slice_partial took it.
 template <int MT, int NT>
 __device__ __forceinline__ float sum_warp_partials(int split, const unsigned char* smem, int i) {
-  if constexpr (GateSplit<MT, NT, 4>::kOk) {
-    if (split == 4) return sum_role_partials<MT, NT, 4>(smem, i);
-  }
-  if constexpr (GateSplit<MT, NT, 2>::kOk) {
-    if (split == 2) return sum_role_partials<MT, NT, 2>(smem, i);
-  }
-  return sum_role_partials<MT, NT, 1>(smem, i);
+  return with_gate_split<MT, NT>(split, [&](auto f) { return sum_role_partials<MT, NT, decltype(f)::value>(smem, i); });
 }
 
 }  // namespace moekit::kernels::router
