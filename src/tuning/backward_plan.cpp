@@ -14,12 +14,6 @@
 
 namespace moekit::tuning {
 
-int plan_splits(int64_t tiles, int64_t k_steps, int sm_count, int max_splits) {
-  int splits = 1;
-  while (splits < max_splits && tiles * splits < 2 * int64_t(sm_count) && k_steps / (2 * splits) >= kMinSliceKTiles) splits *= 2;
-  return splits;
-}
-
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int plan_weight_grad_splits(const MoeShape& s, const DeviceInfo& device) {

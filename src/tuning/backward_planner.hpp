@@ -12,10 +12,6 @@
 
 namespace moekit::tuning {
 
-// Splits of a reduction into K-slices, the forward's split-K rule (plan_down_splits): doubled,
-// up to max_splits, while `tiles` output tiles times the splits cover the SMs less than twice and
-// each slice keeps at least 4 of the reduction's `k_steps` K steps.
-int plan_splits(int64_t tiles, int64_t k_steps, int sm_count, int max_splits);
 // dW2 and dW13: the 128 x 128 output tiles of the experts the routing can touch (min(E, T·k)),
 // each reducing over its expert's rows (T·k / touched on average) in 64-row steps.
 int plan_weight_grad_splits(const MoeShape& shape, const DeviceInfo& device);

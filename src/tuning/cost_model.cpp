@@ -135,7 +135,6 @@ double math_rows_of(const MoeShape& s, const GemmConfig& c, const BlockEstimate&
 }
 }  // namespace
 
-
 double estimate_experts_us(const MoeShape& s, const TileChoice& choice, const DeviceInfo& device, Precision precision,
                            const MachineModel& m) {
   const BlockEstimate b = expected_blocks(s.tokens, s.experts, s.topk, choice.up.block_m);

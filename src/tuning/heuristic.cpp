@@ -127,7 +127,7 @@ bool select_kernel_fits(SelectKernel k, int64_t experts) {
 // The backward's dx GEMM (backward_plan.cpp; the forward's split-K is the cost model's): decode
 // leaves a down-shaped GEMM few output tiles (Mixtral, T=1: 2 experts x 64 column tiles for 264
 // resident CTAs), so most SMs would idle. Split K until the expected tiles fill the resident CTAs
-// twice over; each split needs at least 4 K-tiles to keep its pipeline busy.
+// twice over, each split keeping kMinSliceKTiles K-tiles (plan_splits).
 int plan_down_splits(const MoeShape& s, const GemmConfig& c, const DeviceInfo& device) {
   if (c.block_m != 16) return 1;  // prefill tiles fill the GPU
   const int64_t assignments = s.tokens * s.topk;
@@ -137,9 +137,12 @@ int plan_down_splits(const MoeShape& s, const GemmConfig& c, const DeviceInfo& d
   const int64_t tiles = blocks * ((s.hidden + c.block_n - 1) / c.block_n);
   const int64_t resident =
       int64_t(device.sm_count) * std::max<int64_t>(1, device.smem_per_block_optin / gemm_smem_bytes(c));
-  const int64_t k_tiles = (s.inter + c.block_k - 1) / c.block_k;
+  return plan_splits(tiles, (s.inter + c.block_k - 1) / c.block_k, resident, kMaxDownSplits);
+}
+
+int plan_splits(int64_t tiles, int64_t k_tiles, int64_t slots, int max_splits) {
   int splits = 1;
-  while (splits < kMaxDownSplits && tiles * splits < 2 * resident && k_tiles / (2 * splits) >= kMinSliceKTiles) splits *= 2;
+  while (splits < max_splits && tiles * splits < 2 * slots && k_tiles / (2 * splits) >= kMinSliceKTiles) splits *= 2;
   return splits;
 }
 

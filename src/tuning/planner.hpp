@@ -50,6 +50,11 @@ AlignKernel plan_align(int64_t assignments);
 // amortise (Qwen3-30B-A3B FP8 T=1 on the H100, K = 3 tiles: a split-2 down measured 10% slower
 // than the unsplit one, tests/cpu/data/tune-fp8-h100.json).
 inline constexpr int64_t kMinSliceKTiles = 4;
+// Splits of a reduction into K-slices, every split-K of moekit (the forward's decode down GEMM,
+// the backward's dx, dW and d_w_gate): doubled, up to max_splits, while `tiles` output tiles
+// times the splits fill fewer than twice `slots` resident CTAs and each slice keeps
+// kMinSliceKTiles of the reduction's `k_tiles`.
+int plan_splits(int64_t tiles, int64_t k_tiles, int64_t slots, int max_splits);
 // Splits of the down GEMM's K for a decode config (1: none).
 int plan_down_splits(const MoeShape& shape, const GemmConfig& down, const DeviceInfo& device);
 
