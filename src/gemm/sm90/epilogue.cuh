@@ -3,7 +3,7 @@
 // order); UpH — g and u as they are, to h row r; UpSaveH — both; Down — times the routing
 // weight, stored to y_rows row a = sorted_ids[r]; DownSplitK — the same, as FP32 to the K-slice's
 // partials[split][a]; Dx (the backward's dx_rows) — stored as they are to row a; DGrad (the
-// backward's D) — the SwiGLU backward. Padding rows and columns past n_dim are never stored.
+// backward's D) — the SwiGLU backward. Padding rows (but DGrad's zeros) and columns past n_dim are never stored.
 // Every output element is one thread's fixed-order sum: bitwise deterministic.
 //
 // A thread holds two rows of the tile (row halves h = 0, 1 of its warp's 16). Four n8 column
@@ -220,7 +220,8 @@ struct Epilogue<Mode::UpSaveH, Cfg> : Epilogue<Mode::Up, Cfg> {
 // DGrad (the backward's D = dy·W2_e, n_dim = F): per element the SwiGLU backward from h's g and u
 // and the routing weight; dh and act_w stored to the sorted row as bf16 pairs, and each row's
 // ⟨D, act⟩ over each 64-column group (the thread's 16 columns of the group in order, then its lane
-// quad: xor 1, 2) to dw_partials[group][a], as the mma.sync D GEMM sums them.
+// quad: xor 1, 2) to dw_partials[group][a], as the mma.sync D GEMM sums them. Padding rows get
+// zeros in dh and act_w (the one mode that stores to them).
 template <class Cfg>
 struct Epilogue<Mode::DGrad, Cfg> {
   static constexpr int kBlocks = Cfg::kBlockN / 8;  // n8 blocks of D columns
@@ -249,6 +250,17 @@ struct Epilogue<Mode::DGrad, Cfg> {
       const uint32_t v = *reinterpret_cast<const uint32_t*>(at);
       return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
     };
+    // A padding row of the tile: zeros in dh and act_w, which the wgmma weight gradients read by
+    // TMA whole 64-row K-tiles at a time (design.md, "The backward's workspace"); no h, no ⟨D, act⟩.
+    if (!row_ok) {
+#pragma unroll
+      for (int j = 0; j < kBlocks; ++j) {
+        const int32_t n = c0 + 8 * j;
+        if (n >= F) continue;
+        if (dg_row) *reinterpret_cast<uint32_t*>(dg_row + n) = 0u, *reinterpret_cast<uint32_t*>(dg_row + F + n) = 0u;
+        if (aw_row) *reinterpret_cast<uint32_t*>(aw_row + n) = 0u;
+      }
+    }
 #pragma unroll
     for (int g = 0; g < kBlocks / kGroupBlocks; ++g) {
       float dot = 0.0f;

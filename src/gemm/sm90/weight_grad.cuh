@@ -13,7 +13,8 @@
 // [expert_row_start[e], + expert_counts[e]) of the sorted order, the split's share of their
 // K-tiles of 64 rows; an expert (or a split) with none stores zeros, or adds nothing.
 //
-// The producer (warpgroup 2) fills a stage with 64 K rows of both operands by cp.async: A's 128 M
+// The producer (warpgroup 2) fills a stage with 64 K rows of both operands by cp.async (after the
+// wgmma D GEMM, the by-row operand by TMA: produce_weight_grad's kRowsTma): A's 128 M
 // values and B's 256 N values of each row, written straight into the N-major 128-byte-swizzled
 // panels wgmma reads with imm-trans (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64
 // values). A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
@@ -22,6 +23,8 @@
 // the output are zero-filled, so tails add exact zeros and nothing outside the expert's rows is
 // read. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
 #pragma once
+
+#include <cuda.h>
 
 #include <cstdint>
 
@@ -105,8 +108,13 @@ __device__ __forceinline__ void load_rows(const KGroupedParams& p, const KGroupe
   }
 }
 
-template <bool kATokens, class Cfg>
-__device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, const Smem<Cfg>& sm, int32_t items) {
+// kRowsTma: the by-row operand (B when kATokens, else A) by TMA from rows_map, a box of 64 values x
+// the stage's 64 sorted rows per panel, issued by thread 0 with the stage's expected bytes; the
+// padding rows a last K-tile reads hold zeros (the wgmma D GEMM's epilogue: design.md).
+template <bool kATokens, bool kRowsTma, class Cfg>
+__device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, const CUtensorMap* rows_map,
+                                                    const Smem<Cfg>& sm, int32_t items) {
+  constexpr int kRowsWidth = kATokens ? kWeightGradN : kWeightGradM;  // the by-row operand's values a row
   const int t = int(threadIdx.x) - kConsumerThreads;
   const int warp = t / 32, lane = t % 32;
   Pipe<Cfg::kStages> pipe;
@@ -136,8 +144,23 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
         tok[h] = ids[h] >= 0 && ids[h] < p.num_assign ? int32_t(uint32_t(ids[h]) / uint32_t(p.topk)) : -1;
       if (kt + 1 < k.k_tiles) load_ids(row0 + kBlockK);
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
-      load_rows<kWeightGradM, kATokens>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, tok, warp, lane);
-      load_rows<kWeightGradN, !kATokens>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, tok, warp, lane);
+      if constexpr (kRowsTma) {
+        if (t == 0) {
+          const uint32_t dst = kATokens ? sm.b(pipe.stage) : sm.a(pipe.stage);
+          const int32_t mn0 = kATokens ? w.n0 : w.m0;
+          ptx::mbar_arrive_expect_tx(sm.full(pipe.stage), uint32_t(kRowsWidth) * kRowBytes);
+#pragma unroll
+          for (int j = 0; j < kRowsWidth / 64; ++j)
+            ptx::tma_load_4d(dst + uint32_t(j) * kMnPanelBytes, rows_map, sm.full(pipe.stage), mn0 + 64 * j, row0, 0, 0);
+        }
+        if constexpr (kATokens)
+          load_rows<kWeightGradM, true>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, tok, warp, lane);
+        else
+          load_rows<kWeightGradN, true>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, tok, warp, lane);
+      } else {
+        load_rows<kWeightGradM, kATokens>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, tok, warp, lane);
+        load_rows<kWeightGradN, !kATokens>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, tok, warp, lane);
+      }
       ptx::cp_async_arrive_noinc(sm.full(pipe.stage));
     }
   }
@@ -215,15 +238,18 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
   }
 }
 
-template <bool kATokens>
-__global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGroupedParams p) {
+// rows_map: the by-row operand's rows where kRowsTma (launch.cu, make_sorted_map); unused otherwise.
+template <bool kATokens, bool kRowsTma>
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_weight_grad_kernel(const KGroupedParams p, const __grid_constant__ CUtensorMap rows_map) {
   using Cfg = WeightGradCfg;
   extern __shared__ unsigned char smem_raw[];
-  // The expert GEMM kernel's barriers (kernel.cuh), its "full" expecting the cp.async arrivals only.
+  // The expert GEMM kernel's barriers (kernel.cuh), its "full" expecting the cp.async arrivals and,
+  // with kRowsTma, thread 0's expected TMA bytes.
   if (threadIdx.x == 0) {
     const Smem<Cfg> sm = smem_layout<Cfg>(smem_raw);
     for (uint32_t s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(sm.full(s), kProducerThreads);
+      ptx::mbar_init(sm.full(s), kProducerThreads + (kRowsTma ? 1 : 0));
       ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
     }
     for (uint32_t s = 0; s < kItemSlots; ++s) {
@@ -232,13 +258,15 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGr
     }
     ptx::mbar_init_fence();
   }
+  if constexpr (kRowsTma)
+    if (threadIdx.x == kConsumerThreads) ptx::tma_prefetch_desc(&rows_map);
   dev::pdl_enter();  // launched with PDL: the rows, their order and the counts come from predecessors
   __syncthreads();
   const int32_t items = p.experts * p.splits * p.m_tiles * p.n_tiles;  // < 2^31: the launcher checks
   // Nothing stays live across setmaxnreg (kernel.cuh): each role derives its state after it.
   if (threadIdx.x >= kConsumerThreads) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    produce_weight_grad<kATokens>(p, smem_layout<Cfg>(smem_raw), items);
+    produce_weight_grad<kATokens, kRowsTma>(p, &rows_map, smem_layout<Cfg>(smem_raw), items);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     consume_weight_grad(p, smem_layout<Cfg>(smem_raw), items);
