@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "common/async_copy.cuh"  // prefetch_l2_bulk
 #include "common/silu.cuh"
 #include "common/swiglu_grad.cuh"
 #include "gemm/common.cuh"
@@ -232,6 +233,20 @@ struct Epilogue<Mode::DGrad, Cfg> {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (ids[h] < p.num_assign) weights[h] = p.topk_weights[ids[h]];
+  }
+  // Before the tile's last k-steps (mainloop.cuh, before_last_steps): the L2 fetches the g and u
+  // columns [n0, +BN) of the lane quad's two rows (wg_row0: the warpgroup's first sorted row), one
+  // bulk prefetch of up to 512 bytes a lane (row q / 2, g or u by q % 2), so the epilogue's h
+  // loads find L2 instead of waiting out DRAM once a 64-column group.
+  __device__ __forceinline__ void prefetch_row_data(const Params& p, const int32_t (&ids)[2], int32_t wg_row0,
+                                                    int32_t n0, int warp, int lane) const {
+    const int q = lane & 3;
+    // a select, not ids[q >> 1]: a lane-dependent index into a register array goes to local memory
+    const int32_t id = (q >> 1) != 0 ? ids[1] : ids[0];
+    const int32_t F = int32_t(p.n_dim);
+    if (id >= p.num_assign || n0 >= F) return;
+    const int64_t row = wg_row0 + acc_row(warp, lane, 2 * (q >> 1));
+    dev::prefetch_l2_bulk(p.h + row * 2 * F + (q & 1) * F + n0, uint32_t(min(Cfg::kBlockN, F - n0)) * 2u);
   }
   // dh and act_w rows are in sorted order (dw_partials is by assignment).
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
