@@ -166,13 +166,16 @@ void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, co
   // The wgmma D GEMM zeroes the padding rows of dh and act_w, so TMA may read them (design.md).
   const int64_t rows_tma_rows = plan.d_wgmma ? plan.max_rows() : 0;
   for (const WeightGemm& g : gemms) {
-    p.a = {g.a, g.m};
-    p.b = {g.b, g.n};
-    p.m_dim = g.m, p.n_dim = g.n;
+    // The kernel gathers A: a GEMM whose b is gathered (dW13: x) runs as its transpose, out_eᵀ =
+    // Σ b[t]ᵀ·a[r], and stores it transposed.
+    p.a = g.a_by_token ? kernels::gemm::KGroupedOperand{g.a, g.m} : kernels::gemm::KGroupedOperand{g.b, g.n};
+    p.b = g.a_by_token ? kernels::gemm::KGroupedOperand{g.b, g.n} : kernels::gemm::KGroupedOperand{g.a, g.m};
+    p.m_dim = g.a_by_token ? g.m : g.n, p.n_dim = g.a_by_token ? g.n : g.m;
+    p.out_transposed = !g.a_by_token;
     p.out = g.out.data;
     p.f32 = g.out.dtype == DType::f32;
     p.partials = plan.dw_splits > 1 ? g.partials.as<float>() : nullptr;
-    detail::launch_sm90_weight_grad(p, g.a_by_token, rows_tma_rows, stream);
+    detail::launch_sm90_weight_grad(p, rows_tma_rows, stream);
   }
 }
 

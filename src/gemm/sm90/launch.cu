@@ -148,13 +148,12 @@ void launch_forward_instance(Mode mode, const Params& p, const CUtensorMap& b_ma
   fail("expert_gemm", "plan", "the forward's wgmma GEMMs are Up, Down (bf16: also split along K) and (bf16) UpSaveH");
 }
 
-// One weight-gradient kernel: kATokens (dW2: A = dy by token; else dW13: B = x by token) and
-// kRowsTma (the by-row operand by TMA through rows_map).
-template <bool kATokens, bool kRowsTma>
+// One weight-gradient kernel: kRowsTma, B by TMA through rows_map.
+template <bool kRowsTma>
 void launch_weight_grad_instance(const kernels::gemm::KGroupedParams& p, const CUtensorMap& rows_map, int64_t items,
                                  cudaStream_t stream) {
   using Cfg = sm90::WeightGradCfg;
-  constexpr auto kernel = sm90::sm90_weight_grad_kernel<kATokens, kRowsTma>;
+  constexpr auto kernel = sm90::sm90_weight_grad_kernel<kRowsTma>;
   const int64_t grid = std::min(persistent_sms<Cfg, kernel>(), items);
   MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
   launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
@@ -198,8 +197,7 @@ void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, i
     fail("moe_backward", "plan", "the wgmma backward GEMMs are Dx, DGrad and UpH");
 }
 
-void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_by_token, int64_t rows_tma_rows,
-                             cudaStream_t stream) {
+void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, int64_t rows_tma_rows, cudaStream_t stream) {
   kernels::gemm::KGroupedParams p = p_in;
   p.m_tiles = int32_t((p.m_dim + sm90::kWeightGradM - 1) / sm90::kWeightGradM);
   p.n_tiles = int32_t((p.n_dim + sm90::kWeightGradN - 1) / sm90::kWeightGradN);
@@ -209,16 +207,10 @@ void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_b
                 "the planner's count of the weight-gradient items is this kernel's");
   static_assert(2 * std::max(2 * kMaxInter, kMaxHidden) <= int64_t(UINT32_MAX),
                 "the weight-gradient producer forms row bytes (2F or H bf16) in 32 bits");
-  // The by-row operand (dW2: B = act_w; dW13: A = dh) by TMA where its padding rows hold zeros.
-  const kernels::gemm::KGroupedOperand& by_row = a_by_token ? p.b : p.a;
-  const bool tma = rows_tma_rows > 0;
-  const CUtensorMap rows_map =
-      tma ? make_sorted_map(by_row.base, by_row.stride, rows_tma_rows, sm90::kBlockK, a_by_token ? "act_w" : "dh")
-          : CUtensorMap{};
-  if (a_by_token && tma) return launch_weight_grad_instance<true, true>(p, rows_map, items, stream);
-  if (a_by_token) return launch_weight_grad_instance<true, false>(p, rows_map, items, stream);
-  if (tma) return launch_weight_grad_instance<false, true>(p, rows_map, items, stream);
-  launch_weight_grad_instance<false, false>(p, rows_map, items, stream);
+  if (rows_tma_rows == 0) return launch_weight_grad_instance<false>(p, CUtensorMap{}, items, stream);
+  // B (act_w, dh) by TMA: its padding rows hold zeros.
+  const CUtensorMap rows_map = make_sorted_map(p.b.base, p.b.stride, rows_tma_rows, sm90::kBlockK, "B (act_w or dh)");
+  launch_weight_grad_instance<true>(p, rows_map, items, stream);
 }
 
 }  // namespace moekit::detail
