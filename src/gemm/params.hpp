@@ -102,7 +102,7 @@ struct KGroupedParams {
   KGroupedOperand a, b;
   const int32_t* sorted_ids;        // [max_rows]
   const int32_t* expert_row_start;  // [E + 1]: each expert's first sorted row
-  const int32_t* expert_counts;     // [E]: its rows (assignments; the padding after them is not read)
+  const int32_t* expert_counts;     // [E]: its rows (assignments; padding after them adds nothing)
   int32_t* tile_counter;            // [1]: claimed work items, zeroed by the launcher
   int64_t num_assign;               // T*k: the padding sentinel
   int topk;

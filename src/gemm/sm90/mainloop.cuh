@@ -78,7 +78,10 @@ __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cf
     }
     ptx::wgmma_commit();
     if constexpr (!std::is_same_v<std::decay_t<Late>, NoHook>)
-      if (kt == max(k_tiles - kLateSteps, 0)) before_last_steps();
+      if (kt == max(k_tiles - kLateSteps, 0)) {
+        before_last_steps();
+        __syncwarp();  // the hook may branch per lane; wgmma.wait_group below is warp-aligned
+      }
     if (kt > 0) {
       ptx::wgmma_wait<1>();  // the previous stage's group is done: hand that stage back
       ptx::fence_operands(acc);

@@ -23,8 +23,9 @@
 // A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
 // A. The gathered operand's rows come from sorted_ids (2 ids a lane a stage, shuffled to the
 // lanes that copy each row). Rows past the expert's count, ids of no assignment and columns past
-// the output are zero-filled, so tails add exact zeros and nothing outside the expert's rows is
-// read. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
+// the output are zero-filled, so tails add exact zeros; by cp.async nothing outside the expert's
+// rows is read, by TMA B's last K-tile also reads up to 63 of its padding rows, zeros by the D
+// GEMM's contract. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
 #pragma once
 
 #include <cuda.h>
