@@ -167,10 +167,10 @@ void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, co
   const int64_t rows_tma_rows = plan.d_wgmma ? plan.max_rows() : 0;
   for (const WeightGemm& g : gemms) {
     // The kernel gathers A: a GEMM whose b is gathered (dW13: x) runs as its transpose, out_eᵀ =
-    // Σ b[t]ᵀ·a[r], and stores it transposed.
-    p.a = g.a_by_token ? kernels::gemm::KGroupedOperand{g.a, g.m} : kernels::gemm::KGroupedOperand{g.b, g.n};
-    p.b = g.a_by_token ? kernels::gemm::KGroupedOperand{g.b, g.n} : kernels::gemm::KGroupedOperand{g.a, g.m};
-    p.m_dim = g.a_by_token ? g.m : g.n, p.n_dim = g.a_by_token ? g.n : g.m;
+    // Σ b[t]ᵀ·a[r], and stores it transposed. An operand's row is its side of out (stride = width).
+    const kernels::gemm::KGroupedOperand a{g.a, g.m}, b{g.b, g.n};
+    p.a = g.a_by_token ? a : b, p.b = g.a_by_token ? b : a;
+    p.m_dim = p.a.stride, p.n_dim = p.b.stride;
     p.out_transposed = !g.a_by_token;
     p.out = g.out.data;
     p.f32 = g.out.dtype == DType::f32;

@@ -3,7 +3,8 @@
 // order); UpH — g and u as they are, to h row r; UpSaveH — both; Down — times the routing
 // weight, stored to y_rows row a = sorted_ids[r]; DownSplitK — the same, as FP32 to the K-slice's
 // partials[split][a]; Dx (the backward's dx_rows) — stored as they are to row a; DGrad (the
-// backward's D) — the SwiGLU backward. Padding rows (but DGrad's zeros) and columns past n_dim are never stored.
+// backward's D) — the SwiGLU backward. Padding rows (but for DGrad's zeros) and columns past
+// n_dim are never stored.
 // Every output element is one thread's fixed-order sum: bitwise deterministic.
 //
 // A thread holds two rows of the tile (row halves h = 0, 1 of its warp's 16). Four n8 column
@@ -265,17 +266,6 @@ struct Epilogue<Mode::DGrad, Cfg> {
       const uint32_t v = *reinterpret_cast<const uint32_t*>(at);
       return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
     };
-    // A padding row of the tile: zeros in dh and act_w, which the wgmma weight gradients read by
-    // TMA whole 64-row K-tiles at a time (design.md, "The backward's workspace"); no h, no ⟨D, act⟩.
-    if (!row_ok) {
-#pragma unroll
-      for (int j = 0; j < kBlocks; ++j) {
-        const int32_t n = c0 + 8 * j;
-        if (n >= F) continue;
-        if (dg_row) *reinterpret_cast<uint32_t*>(dg_row + n) = 0u, *reinterpret_cast<uint32_t*>(dg_row + F + n) = 0u;
-        if (aw_row) *reinterpret_cast<uint32_t*>(aw_row + n) = 0u;
-      }
-    }
 #pragma unroll
     for (int g = 0; g < kBlocks / kGroupBlocks; ++g) {
       float dot = 0.0f;
@@ -283,16 +273,23 @@ struct Epilogue<Mode::DGrad, Cfg> {
       for (int jj = 0; jj < kGroupBlocks; ++jj) {
         const int j = g * kGroupBlocks + jj, v = 4 * j + 2 * h;  // columns 8j + 2q, +1 of this row half
         const int32_t n = c0 + 8 * j;
-        if (!row_ok || n >= F) continue;
-        const float2 gg = bf16_pair(g_row + n), uu = bf16_pair(g_row + F + n);
-        const dev::SwigluGrad e0(gg.x, uu.x, acc[v], w), e1(gg.y, uu.y, acc[v + 1], w);
-        dot += acc[v] * e0.act;
-        dot += acc[v + 1] * e1.act;
-        if (dg_row) {
-          *reinterpret_cast<uint32_t*>(dg_row + n) = pack_bf16x2(e0.dg, e1.dg);
-          *reinterpret_cast<uint32_t*>(dg_row + F + n) = pack_bf16x2(e0.du, e1.du);
+        if (n >= F) continue;
+        // A padding row stores zeros (no h read, no ⟨D, act⟩): the wgmma weight gradients read dh
+        // and act_w by TMA, whole 64-row K-tiles at a time (design.md).
+        uint32_t dg = 0u, du = 0u, aw = 0u;
+        if (row_ok) {
+          const float2 gg = bf16_pair(g_row + n), uu = bf16_pair(g_row + F + n);
+          const dev::SwigluGrad e0(gg.x, uu.x, acc[v], w), e1(gg.y, uu.y, acc[v + 1], w);
+          dot += acc[v] * e0.act;
+          dot += acc[v + 1] * e1.act;
+          dg = pack_bf16x2(e0.dg, e1.dg), du = pack_bf16x2(e0.du, e1.du);
+          aw = pack_bf16x2(w * e0.act, w * e1.act);
         }
-        if (aw_row) *reinterpret_cast<uint32_t*>(aw_row + n) = pack_bf16x2(w * e0.act, w * e1.act);
+        if (dg_row) {
+          *reinterpret_cast<uint32_t*>(dg_row + n) = dg;
+          *reinterpret_cast<uint32_t*>(dg_row + F + n) = du;
+        }
+        if (aw_row) *reinterpret_cast<uint32_t*>(aw_row + n) = aw;
       }
       dot += __shfl_xor_sync(0xffffffffu, dot, 1);
       dot += __shfl_xor_sync(0xffffffffu, dot, 2);

@@ -208,18 +208,14 @@ __device__ __forceinline__ void store_bf16(__nv_bfloat16* at, float2 v) {
 template <class Cfg, bool kTransposed>
 __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
                                                   const WeightGradItem& w, int wg, int warp, int lane) {
-  if (p.partials) {
-    float* out = p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim;
-    store_rows<Cfg, kTransposed>(p, acc, w, wg, warp, lane,
-                                 [&](int64_t i, auto v) { *reinterpret_cast<decltype(v)*>(out + i) = v; });
-  } else if (p.f32 && p.accumulate) {
+  if (p.f32 && p.accumulate && !p.partials) {
     float* out = static_cast<float*>(p.out);
     store_rows<Cfg, kTransposed>(p, acc, w, wg, warp, lane, [&](int64_t i, auto v) {
       auto* dst = reinterpret_cast<decltype(v)*>(out + i);
       *dst = plus(*dst, v);
     });
-  } else if (p.f32) {
-    float* out = static_cast<float*>(p.out);
+  } else if (p.f32 || p.partials) {  // this split's FP32 partials, or out as it is
+    float* out = p.partials ? p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim : static_cast<float*>(p.out);
     store_rows<Cfg, kTransposed>(p, acc, w, wg, warp, lane,
                                  [&](int64_t i, auto v) { *reinterpret_cast<decltype(v)*>(out + i) = v; });
   } else {
