@@ -149,7 +149,7 @@ void launch_mma_sync_weight_grads(const BackwardPlan& plan, const kb::Layout& la
 }
 
 // On the wgmma weight-gradient kernel (plan.dw_wgmma), into the outputs or, with plan.dw_splits
-// > 1, the FP32 partials the split sums add; after the wgmma D GEMM, dh and act_w by TMA.
+// > 1, the FP32 partials the split sums add.
 void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, const BackwardInputs& in,
                                const BackwardWorkspace& ws, const std::array<WeightGemm, 2>& gemms,
                                cudaStream_t stream) {
@@ -163,19 +163,14 @@ void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, co
   p.experts = int32_t(plan.shape.experts);
   p.splits = plan.dw_splits;
   p.accumulate = plan.options.accumulate_weight_grads;
-  // The wgmma D GEMM zeroes the padding rows of dh and act_w, so TMA may read them (design.md).
-  const int64_t rows_tma_rows = plan.d_wgmma ? plan.max_rows() : 0;
   for (const WeightGemm& g : gemms) {
-    // The kernel gathers A: a GEMM whose b is gathered (dW13: x) runs as its transpose, out_eᵀ =
-    // Σ b[t]ᵀ·a[r], and stores it transposed. An operand's row is its side of out (stride = width).
-    const kernels::gemm::KGroupedOperand a{g.a, g.m}, b{g.b, g.n};
-    p.a = g.a_by_token ? a : b, p.b = g.a_by_token ? b : a;
-    p.m_dim = p.a.stride, p.n_dim = p.b.stride;
-    p.out_transposed = !g.a_by_token;
+    p.a = {g.a, g.m};
+    p.b = {g.b, g.n};
+    p.m_dim = g.m, p.n_dim = g.n;
     p.out = g.out.data;
     p.f32 = g.out.dtype == DType::f32;
     p.partials = plan.dw_splits > 1 ? g.partials.as<float>() : nullptr;
-    detail::launch_sm90_weight_grad(p, rows_tma_rows, stream);
+    detail::launch_sm90_weight_grad(p, g.a_by_token, stream);
   }
 }
 

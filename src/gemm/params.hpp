@@ -88,12 +88,11 @@ struct Params {
 };
 
 // The backward's weight gradients on the wgmma kernel (sm90/weight_grad.cuh): per expert e a
-// k-grouped GEMM out_e [m_dim, n_dim] = Σ_r a[t(r)]ᵀ·b[r] over e's sorted rows r (K, in ascending
-// order), both operands MN-major: a sorted row holds one K index's M (a) or N (b) values; a is
-// read at its assignment's token row t(r) (x, dy: the 128-wide side of the tile), b at the sorted
-// row itself (dh, act_w: 256 wide, whole rows, by TMA after the wgmma D GEMM).
-//   dW2_e  [H, F]          = Σ dy_tᵀ·act_w[r]   (a = dy, b = act_w)
-//   dW13_eᵀ [H, 2F] stored = Σ x_tᵀ·dh[r]       (a = x, b = dh; out_transposed: out_e is [2F, H])
+// k-grouped GEMM out_e [m_dim, n_dim] = Σ_r a[r]ᵀ·b[r] over e's sorted rows r (K, in ascending
+// order), both operands MN-major: a sorted row holds one K index's M (a) or N (b) values, read as
+// the row itself (by_token 0: dh, act_w) or its assignment's token row (1: x, dy).
+//   dW2_e  [H, F]  = Σ dy_tᵀ·act_w[r]   (a = dy by token, b = act_w)
+//   dW13_e [2F, H] = Σ dh[r]ᵀ·x_t       (a = dh, b = x by token)
 struct KGroupedOperand {
   const __nv_bfloat16* base;
   int64_t stride;  // elements per row
@@ -102,7 +101,7 @@ struct KGroupedParams {
   KGroupedOperand a, b;
   const int32_t* sorted_ids;        // [max_rows]
   const int32_t* expert_row_start;  // [E + 1]: each expert's first sorted row
-  const int32_t* expert_counts;     // [E]: its rows (assignments; padding after them adds nothing)
+  const int32_t* expert_counts;     // [E]: its rows (assignments; the padding after them is not read)
   int32_t* tile_counter;            // [1]: claimed work items, zeroed by the launcher
   int64_t num_assign;               // T*k: the padding sentinel
   int topk;
@@ -112,7 +111,6 @@ struct KGroupedParams {
   void* out;                        // [E, m_dim, n_dim] bf16, or f32 (f32; accumulate: +=)
   float* partials;                  // splits > 1: [splits, E, m_dim, n_dim] f32 instead of out
   int f32, accumulate;
-  int out_transposed;               // out and partials are [.., n_dim, m_dim] (dW13)
 };
 
 // Output columns of a tile of `block_n` B rows: Up (and UpH) pairs block_n/2 gate rows with the

@@ -150,8 +150,7 @@ int64_t tuning::wgmma_weight_grad_items(const MoeShape& s, int splits) {
     return (m + kWgmmaWeightGradTileM - 1) / kWgmmaWeightGradTileM * ((n + kWgmmaWeightGradTileN - 1) / kWgmmaWeightGradTileN);
   };
   // < 2^63: E <= 512, splits <= 8 and each tile count < 2^21 · 2^13 (the shape's limits)
-  // dW13 runs as its transpose [H, 2F] (sm90/weight_grad.cuh), dW2 as [H, F]
-  return s.experts * splits * std::max(tiles(s.hidden, 2 * s.inter), tiles(s.hidden, s.inter));
+  return s.experts * splits * std::max(tiles(2 * s.inter, s.hidden), tiles(s.hidden, s.inter));
 }
 
 void use_wgmma_gemms(BackwardPlan& p, bool h, bool d, bool dx, bool dw) {

@@ -57,14 +57,10 @@ TEST(PlanBackward, ReplaysTheForwardsLayoutAndConfigs) {
 // shape past 2^31 items keeps its weight gradients on the mma.sync tile; a plan edited to take
 // the wgmma kernel there is refused, naming 'plan'.
 TEST(PlanBackward, WgmmaWeightGradItemsFit32Bits) {
-  // Mixtral: dW13 runs as its transpose [4096, 28672], 32 x 112 tiles, dW2 [4096, 14336] 32 x 56:
-  // 8 · 3584 items.
-  EXPECT_EQ(tuning::wgmma_weight_grad_items(shape_of(kPresets[0], 16384), 1), 8 * 32 * 112);
-  EXPECT_EQ(tuning::wgmma_weight_grad_items(shape_of(kPresets[0], 16384), 4), 4 * 8 * 32 * 112);
-  // H = 576, F = 328 (the GPU test's shape): dW13ᵀ [576, 656] is 5 x 3 tiles, dW2 [576, 328] 5 x 2;
-  // dW13 untransposed would be 6 x 3.
-  EXPECT_EQ(tuning::wgmma_weight_grad_items(MoeShape{1500, 576, 328, 8, 2}, 1), 8 * 5 * 3);
-  // H = 2^20, F = 2^16, E = 512: dW13ᵀ is 8192 x 512 tiles an expert, 2^31 items in all.
+  // Mixtral: dW13 [28672, 4096] is 224 x 16 tiles, dW2 [4096, 14336] 32 x 56: 8 · 3584 items.
+  EXPECT_EQ(tuning::wgmma_weight_grad_items(shape_of(kPresets[0], 16384), 1), 8 * 224 * 16);
+  EXPECT_EQ(tuning::wgmma_weight_grad_items(shape_of(kPresets[0], 16384), 4), 4 * 8 * 224 * 16);
+  // H = 2^20, F = 2^16, E = 512: dW13 is 1024 x 4096 tiles an expert, 2^31 items in all.
   const MoeShape huge{8192, int64_t(1) << 20, int64_t(1) << 16, 512, 8};
   EXPECT_EQ(tuning::wgmma_weight_grad_items(huge, 1), int64_t(1) << 31);
   const GemmConfig& wide = chosen_wgmma_config();

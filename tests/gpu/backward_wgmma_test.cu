@@ -60,8 +60,7 @@ TEST_F(BackwardTest, TrainingForwardKeepsH) {
 
 // The recomputation of h, the D and the dx GEMMs on the wgmma kernel (Mode::UpH; Mode::DGrad and
 // Mode::Dx, W2 and W13 read N-major through their own TMA boxes and descriptor) and dW2 / dW13 on
-// the wgmma weight-gradient kernel (both operands MN-major; dW13 as its transpose, stored
-// transposed; alone: B by cp.async, with the wgmma D GEMM: by TMA), each alone and all:
+// the wgmma weight-gradient kernel (both operands MN-major by cp.async), each alone and all:
 // against the oracle at partial tiles (F = 328: 256 + 72 columns and a partial ⟨D, act⟩ group;
 // H = 576: 256 + 256 + 64, and dW2's M = 576 = 4.5 tiles: a last tile with one warpgroup's rows;
 // K tails of 2F = 656 and of ~375 rows an expert) and many tiles a CTA, bitwise the same run to

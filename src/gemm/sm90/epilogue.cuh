@@ -3,8 +3,7 @@
 // order); UpH — g and u as they are, to h row r; UpSaveH — both; Down — times the routing
 // weight, stored to y_rows row a = sorted_ids[r]; DownSplitK — the same, as FP32 to the K-slice's
 // partials[split][a]; Dx (the backward's dx_rows) — stored as they are to row a; DGrad (the
-// backward's D) — the SwiGLU backward. Padding rows (but for DGrad's zeros) and columns past
-// n_dim are never stored.
+// backward's D) — the SwiGLU backward. Padding rows and columns past n_dim are never stored.
 // Every output element is one thread's fixed-order sum: bitwise deterministic.
 //
 // A thread holds two rows of the tile (row halves h = 0, 1 of its warp's 16). Four n8 column
@@ -14,7 +13,6 @@
 
 #include <cstdint>
 
-#include "common/async_copy.cuh"  // prefetch_l2_bulk
 #include "common/silu.cuh"
 #include "common/swiglu_grad.cuh"
 #include "gemm/common.cuh"
@@ -222,8 +220,7 @@ struct Epilogue<Mode::UpSaveH, Cfg> : Epilogue<Mode::Up, Cfg> {
 // DGrad (the backward's D = dy·W2_e, n_dim = F): per element the SwiGLU backward from h's g and u
 // and the routing weight; dh and act_w stored to the sorted row as bf16 pairs, and each row's
 // ⟨D, act⟩ over each 64-column group (the thread's 16 columns of the group in order, then its lane
-// quad: xor 1, 2) to dw_partials[group][a], as the mma.sync D GEMM sums them. Padding rows get
-// zeros in dh and act_w (the one mode that stores to them).
+// quad: xor 1, 2) to dw_partials[group][a], as the mma.sync D GEMM sums them.
 template <class Cfg>
 struct Epilogue<Mode::DGrad, Cfg> {
   static constexpr int kBlocks = Cfg::kBlockN / 8;  // n8 blocks of D columns
@@ -234,20 +231,6 @@ struct Epilogue<Mode::DGrad, Cfg> {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (ids[h] < p.num_assign) weights[h] = p.topk_weights[ids[h]];
-  }
-  // Before the tile's last k-steps (mainloop.cuh, before_last_steps): the L2 fetches the g and u
-  // columns [n0, +BN) of the lane quad's two rows (wg_row0: the warpgroup's first sorted row), one
-  // bulk prefetch of up to 512 bytes a lane (row q / 2, g or u by q % 2), so the epilogue's h
-  // loads find L2 instead of waiting out DRAM once a 64-column group.
-  __device__ __forceinline__ void prefetch_row_data(const Params& p, const int32_t (&ids)[2], int32_t wg_row0,
-                                                    int32_t n0, int warp, int lane) const {
-    const int q = lane & 3;
-    // a select, not ids[q >> 1]: a lane-dependent index into a register array goes to local memory
-    const int32_t id = (q >> 1) != 0 ? ids[1] : ids[0];
-    const int32_t F = int32_t(p.n_dim);
-    if (id >= p.num_assign || n0 >= F) return;
-    const int64_t row = wg_row0 + acc_row(warp, lane, 2 * (q >> 1));
-    dev::prefetch_l2_bulk(p.h + row * 2 * F + (q & 1) * F + n0, uint32_t(min(Cfg::kBlockN, F - n0)) * 2u);
   }
   // dh and act_w rows are in sorted order (dw_partials is by assignment).
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
@@ -273,23 +256,16 @@ struct Epilogue<Mode::DGrad, Cfg> {
       for (int jj = 0; jj < kGroupBlocks; ++jj) {
         const int j = g * kGroupBlocks + jj, v = 4 * j + 2 * h;  // columns 8j + 2q, +1 of this row half
         const int32_t n = c0 + 8 * j;
-        if (n >= F) continue;
-        // A padding row stores zeros (no h read, no ⟨D, act⟩): the wgmma weight gradients read dh
-        // and act_w by TMA, whole 64-row K-tiles at a time (design.md).
-        uint32_t dg = 0u, du = 0u, aw = 0u;
-        if (row_ok) {
-          const float2 gg = bf16_pair(g_row + n), uu = bf16_pair(g_row + F + n);
-          const dev::SwigluGrad e0(gg.x, uu.x, acc[v], w), e1(gg.y, uu.y, acc[v + 1], w);
-          dot += acc[v] * e0.act;
-          dot += acc[v + 1] * e1.act;
-          dg = pack_bf16x2(e0.dg, e1.dg), du = pack_bf16x2(e0.du, e1.du);
-          aw = pack_bf16x2(w * e0.act, w * e1.act);
-        }
+        if (!row_ok || n >= F) continue;
+        const float2 gg = bf16_pair(g_row + n), uu = bf16_pair(g_row + F + n);
+        const dev::SwigluGrad e0(gg.x, uu.x, acc[v], w), e1(gg.y, uu.y, acc[v + 1], w);
+        dot += acc[v] * e0.act;
+        dot += acc[v + 1] * e1.act;
         if (dg_row) {
-          *reinterpret_cast<uint32_t*>(dg_row + n) = dg;
-          *reinterpret_cast<uint32_t*>(dg_row + F + n) = du;
+          *reinterpret_cast<uint32_t*>(dg_row + n) = pack_bf16x2(e0.dg, e1.dg);
+          *reinterpret_cast<uint32_t*>(dg_row + F + n) = pack_bf16x2(e0.du, e1.du);
         }
-        if (aw_row) *reinterpret_cast<uint32_t*>(aw_row + n) = aw;
+        if (aw_row) *reinterpret_cast<uint32_t*>(aw_row + n) = pack_bf16x2(w * e0.act, w * e1.act);
       }
       dot += __shfl_xor_sync(0xffffffffu, dot, 1);
       dot += __shfl_xor_sync(0xffffffffu, dot, 2);

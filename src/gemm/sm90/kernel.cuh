@@ -75,11 +75,6 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     if constexpr (Cfg::kFp8) {
       const int rows[2] = {wg * kWgmmaM + acc_row(warp, lane, 0), wg * kWgmmaM + acc_row(warp, lane, 2)};
       mma_tile_fp8<Cfg, tma_a<M, Cfg>()>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, live, rows, hook);
-    } else if constexpr (M == Mode::DGrad) {
-      // h's g and u of the tile's rows to L2 before the epilogue needs them
-      const int32_t n0 = ks.n_tile * cols_per_tile(M, Cfg::kBlockN);
-      auto late = [&] { epi.prefetch_row_data(p, ids, row0 + wg * kWgmmaM, n0, warp, lane); };
-      mma_tile<Cfg, true>(acc, sm, desc_a0, desc_b0, ks.count, pipe, lane, live, hook, late);
     } else if (!splits_k<M, Cfg>() || ks.count > 0) {
       // (A K-slice past K has no stage to multiply, and mma_tile needs one: it hands its last
       // stage back. Its epilogue stores zeros; zeroing acc here instead made ptxas spill it.)

@@ -82,18 +82,16 @@ CUtensorMap make_b_map(Mode mode, const Params& p, int64_t experts, int block_n)
                         std::to_string(halves) + "x" + std::to_string(experts) + ")");
 }
 
-// Rows in sorted order by TMA: a [rows][cols] bf16 matrix (FP8: e4m3 in 2-byte units) as (cols,
-// rows, 1, 1), boxes of 64 columns x box_rows rows; rows past `rows` and columns past `cols` read
-// zeros. The FP8 down GEMM's A (sm90/producer.cuh, tma_a: act [max_rows][F], a stage = 128 rows)
-// and the weight gradients' by-row operand (weight_grad.cuh: dh or act_w, a panel = 64 rows).
-CUtensorMap make_sorted_map(const void* base, int64_t cols, int64_t rows, int box_rows, const char* what) {
-  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(rows), 1, 1};
-  const cuuint64_t row_bytes = cuuint64_t(cols) * 2;
+// A by TMA (sm90/producer.cuh, tma_a: the FP8 down GEMM): act [rows][F] e4m3 in 2-byte units
+// (k_dim) as (K, rows, 1, 1), boxes of (64, 128, 1, 1): one stage of a tile's 128 sorted rows.
+// Rows past `rows` (max_rows) and K past F read zeros.
+CUtensorMap make_a_map(const Params& p, int64_t rows) {
+  const cuuint64_t dims[4] = {cuuint64_t(p.k_dim), cuuint64_t(rows), 1, 1};
+  const cuuint64_t row_bytes = cuuint64_t(p.k_dim) * 2;
   const cuuint64_t strides[3] = {row_bytes, row_bytes * cuuint64_t(rows), row_bytes * cuuint64_t(rows)};
-  const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), cuuint32_t(box_rows), 1, 1};
-  return encode_map(base, dims, strides, box,
-                    std::string("of ") + what + " (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) +
-                        " bytes)");
+  const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), cuuint32_t(sm90::kBlockM), 1, 1};
+  return encode_map(p.a, dims, strides, box,
+                    "of A (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes)");
 }
 
 // Once per kernel and device: raise its shared-memory limit; returns the SMs, one CTA each (the
@@ -128,8 +126,7 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
   const int64_t grid = std::max<int64_t>(1, std::min(sms, max_blocks * p.n_tiles));
   // The claim counter starts at zero every launch: a memset node in a graph, no host work.
   MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
-  const CUtensorMap a_map =
-      sm90::tma_a<M, Cfg>() ? make_sorted_map(p.a, p.k_dim, max_blocks * sm90::kBlockM, sm90::kBlockM, "A") : CUtensorMap{};
+  const CUtensorMap a_map = sm90::tma_a<M, Cfg>() ? make_a_map(p, max_blocks * sm90::kBlockM) : CUtensorMap{};
   launch_pdl("sm90_expert_gemm_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
              b_map, a_map);
 }
@@ -146,18 +143,6 @@ void launch_forward_instance(Mode mode, const Params& p, const CUtensorMap& b_ma
     if (mode == Mode::UpSaveH) return launch_instance<Mode::UpSaveH, BN, ST, FP8>(p, b_map, max_blocks, stream);
   }
   fail("expert_gemm", "plan", "the forward's wgmma GEMMs are Up, Down (bf16: also split along K) and (bf16) UpSaveH");
-}
-
-// One weight-gradient kernel: kRowsTma, B by TMA through rows_map.
-template <bool kRowsTma>
-void launch_weight_grad_instance(const kernels::gemm::KGroupedParams& p, const CUtensorMap& rows_map, int64_t items,
-                                 cudaStream_t stream) {
-  using Cfg = sm90::WeightGradCfg;
-  constexpr auto kernel = sm90::sm90_weight_grad_kernel<kRowsTma>;
-  const int64_t grid = std::min(persistent_sms<Cfg, kernel>(), items);
-  MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
-  launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
-             rows_map);
 }
 
 }  // namespace
@@ -197,7 +182,16 @@ void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, i
     fail("moe_backward", "plan", "the wgmma backward GEMMs are Dx, DGrad and UpH");
 }
 
-void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, int64_t rows_tma_rows, cudaStream_t stream) {
+template <bool kATokens>
+void launch_weight_grad_instance(const kernels::gemm::KGroupedParams& p, int64_t items, cudaStream_t stream) {
+  using Cfg = sm90::WeightGradCfg;
+  constexpr auto kernel = sm90::sm90_weight_grad_kernel<kATokens>;
+  const int64_t grid = std::min(persistent_sms<Cfg, kernel>(), items);
+  MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
+  launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p);
+}
+
+void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_by_token, cudaStream_t stream) {
   kernels::gemm::KGroupedParams p = p_in;
   p.m_tiles = int32_t((p.m_dim + sm90::kWeightGradM - 1) / sm90::kWeightGradM);
   p.n_tiles = int32_t((p.n_dim + sm90::kWeightGradN - 1) / sm90::kWeightGradN);
@@ -207,10 +201,10 @@ void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, int64_t 
                 "the planner's count of the weight-gradient items is this kernel's");
   static_assert(2 * std::max(2 * kMaxInter, kMaxHidden) <= int64_t(UINT32_MAX),
                 "the weight-gradient producer forms row bytes (2F or H bf16) in 32 bits");
-  if (rows_tma_rows == 0) return launch_weight_grad_instance<false>(p, CUtensorMap{}, items, stream);
-  // B (act_w, dh) by TMA: its padding rows hold zeros.
-  const CUtensorMap rows_map = make_sorted_map(p.b.base, p.b.stride, rows_tma_rows, sm90::kBlockK, "B (act_w or dh)");
-  launch_weight_grad_instance<true>(p, rows_map, items, stream);
+  if (a_by_token)
+    launch_weight_grad_instance<true>(p, items, stream);
+  else
+    launch_weight_grad_instance<false>(p, items, stream);
 }
 
 }  // namespace moekit::detail

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "gemm/sm90/layout.hpp"
 #include "gemm/sm90/pipeline.cuh"
@@ -29,22 +28,12 @@ __device__ __forceinline__ void release_stages(const Smem<Cfg>& sm, int32_t k_ti
   }
 }
 
-// The default of mma_tile's second hook: nothing, and no test in the K loop.
-struct NoHook {
-  __device__ __forceinline__ void operator()() const {}
-};
-// How many k-steps before a tile's end before_last_steps runs: ~8k cycles of tensor work, above a
-// DRAM round trip under load.
-inline constexpr int32_t kLateSteps = 8;
-
 // kBNMajor: B is N-major (Dx, DGrad, the weight gradients: make_desc_mn_sw128, imm-trans-b), its
 // k16 slices 16 K rows apart; kAMMajor: A is M-major alike (the weight gradients: imm-trans-a).
-// before_last_steps() runs once kLateSteps k-steps before the end (at the first, in a shorter
-// tile), after that step's wgmma group is issued: the epilogue's prefetches go there (DGrad).
-template <class Cfg, bool kBNMajor = false, bool kAMMajor = false, class Hook, class Late = NoHook>
+template <class Cfg, bool kBNMajor = false, bool kAMMajor = false, class Hook>
 __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                          uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
-                                         bool live, Hook&& after_first_step, Late&& before_last_steps = Late{}) {
+                                         bool live, Hook&& after_first_step) {
   static_assert(!kAMMajor || kBNMajor, "an M-major A is wrapped with an N-major B only");
   if (!live) {
     after_first_step();
@@ -77,11 +66,6 @@ __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cf
         ptx::wgmma_m64n128k16(acc, desc_advance(desc_a, k_bytes), desc_advance(desc_b, k_bytes), accumulate);
     }
     ptx::wgmma_commit();
-    if constexpr (!std::is_same_v<std::decay_t<Late>, NoHook>)
-      if (kt == max(k_tiles - kLateSteps, 0)) {
-        before_last_steps();
-        __syncwarp();  // the hook may branch per lane; wgmma.wait_group below is warp-aligned
-      }
     if (kt > 0) {
       ptx::wgmma_wait<1>();  // the previous stage's group is done: hand that stage back
       ptx::fence_operands(acc);

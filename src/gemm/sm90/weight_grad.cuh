@@ -13,22 +13,15 @@
 // [expert_row_start[e], + expert_counts[e]) of the sorted order, the split's share of their
 // K-tiles of 64 rows; an expert (or a split) with none stores zeros, or adds nothing.
 //
-// The producer (warpgroup 2) fills a stage with 64 K rows of both operands: A's 128 M values of
-// each row by cp.async, gathered (token rows: x for dW13, dy for dW2), and B's 256 N values by row
-// (dh, act_w), by TMA after the wgmma D GEMM (produce_weight_grad's kRowsTma) else by cp.async as
-// A, written straight into the N-major 128-byte-swizzled panels wgmma reads with imm-trans
-// (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64 values). dW13 = Σ dh[r]ᵀ·x_t runs as its
-// transpose Σ x_tᵀ·dh[r], stored transposed (out_transposed), so that the gathered operand is
-// always the tile's narrow side: its 128-value rows are half the copies a stage that 256 would be.
-// A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
+// The producer (warpgroup 2) fills a stage with 64 K rows of both operands by cp.async: A's 128 M
+// values and B's 256 N values of each row, written straight into the N-major 128-byte-swizzled
+// panels wgmma reads with imm-trans (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64
+// values). A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
 // A. The gathered operand's rows come from sorted_ids (2 ids a lane a stage, shuffled to the
 // lanes that copy each row). Rows past the expert's count, ids of no assignment and columns past
-// the output are zero-filled, so tails add exact zeros; by cp.async nothing outside the expert's
-// rows is read, by TMA B's last K-tile also reads up to 63 of its padding rows, zeros by the D
-// GEMM's contract. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
+// the output are zero-filled, so tails add exact zeros and nothing outside the expert's rows is
+// read. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
 #pragma once
-
-#include <cuda.h>
 
 #include <cstdint>
 
@@ -112,13 +105,8 @@ __device__ __forceinline__ void load_rows(const KGroupedParams& p, const KGroupe
   }
 }
 
-// A is the gathered operand (its token rows), B the by-row one (its sorted rows). kRowsTma: B by
-// TMA from rows_map, a box of 64 values x the stage's 64 sorted rows per panel, issued by thread 0
-// with the stage's expected bytes; the padding rows a last K-tile reads hold zeros (the wgmma D
-// GEMM's epilogue: design.md). Else B by masked cp.async as A.
-template <bool kRowsTma, class Cfg>
-__device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, const CUtensorMap* rows_map,
-                                                    const Smem<Cfg>& sm, int32_t items) {
+template <bool kATokens, class Cfg>
+__device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, const Smem<Cfg>& sm, int32_t items) {
   const int t = int(threadIdx.x) - kConsumerThreads;
   const int warp = t / 32, lane = t % 32;
   Pipe<Cfg::kStages> pipe;
@@ -148,31 +136,19 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
         tok[h] = ids[h] >= 0 && ids[h] < p.num_assign ? int32_t(uint32_t(ids[h]) / uint32_t(p.topk)) : -1;
       if (kt + 1 < k.k_tiles) load_ids(row0 + kBlockK);
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
-      if constexpr (kRowsTma) {
-        if (t == 0) {
-          ptx::mbar_arrive_expect_tx(sm.full(pipe.stage), Cfg::kBBytes);
-#pragma unroll
-          for (int j = 0; j < kWeightGradN / 64; ++j)
-            ptx::tma_load_4d(sm.b(pipe.stage) + uint32_t(j) * kMnPanelBytes, rows_map, sm.full(pipe.stage), w.n0 + 64 * j,
-                             row0, 0, 0);
-        }
-      } else {
-        load_rows<kWeightGradN, false>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, tok, warp, lane);
-      }
-      load_rows<kWeightGradM, true>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, tok, warp, lane);
+      load_rows<kWeightGradM, kATokens>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, tok, warp, lane);
+      load_rows<kWeightGradN, !kATokens>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, tok, warp, lane);
       ptx::cp_async_arrive_noinc(sm.full(pipe.stage));
     }
   }
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
 }
 
-// The finished tile to out (or this split's partials): this thread's two rows of each n8 block.
-// Stored as it is (out_e [m_dim][n_dim]): the two adjacent columns one store(i, float2). Transposed
-// (p.out_transposed: out_e [n_dim][m_dim], dW13 computed as Σ x_tᵀ·dh[r]): two store(i, float),
-// m_dim apart, the 8 lanes of a column writing 8 consecutive values of one row of out. The mode is
-// chosen once a tile and the row's address once a row, so a row's stores are one base register and
-// immediate offsets (stored as it is): the 128 accumulators leave the consumer ~40 registers.
-template <class Cfg, bool kTransposed, class Store>
+// The finished tile to out (or this split's partials): this thread's two rows of each n8 block,
+// two adjacent columns a store. The mode is chosen once a tile and the row's address once a row,
+// so the 32 stores of a row are one base register and immediate offsets: the 128 accumulators
+// leave the consumer ~40 registers for everything else.
+template <class Cfg, class Store>
 __device__ __forceinline__ void store_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
                                            const WeightGradItem& w, int wg, int warp, int lane, Store&& store) {
   const int64_t col0 = w.n0 + 2 * (lane & 3);
@@ -181,46 +157,34 @@ __device__ __forceinline__ void store_rows(const KGroupedParams& p, const float 
   for (int h = 0; h < 2; ++h) {
     const int64_t m = w.m0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h);
     if (m >= p.m_dim) continue;
-    const int64_t expert0 = int64_t(w.expert) * p.m_dim * p.n_dim;
-    const int64_t offset = kTransposed ? expert0 + col0 * p.m_dim + m : expert0 + m * p.n_dim + col0;
+    const int64_t offset = (int64_t(w.expert) * p.m_dim + m) * p.n_dim + col0;
 #pragma unroll
-    for (int j = 0; j < Cfg::kBlockN / 8; ++j) {
-      if (8 * j >= cols_left) continue;
-      const float2 v = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      if constexpr (kTransposed) {
-        store(offset + 8 * j * p.m_dim, v.x);
-        store(offset + (8 * j + 1) * p.m_dim, v.y);
-      } else {
-        store(offset + 8 * j, v);
-      }
-    }
+    for (int j = 0; j < Cfg::kBlockN / 8; ++j)
+      if (8 * j < cols_left) store(offset + 8 * j, make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
   }
 }
 
-__device__ __forceinline__ float plus(float a, float b) { return a + b; }
-__device__ __forceinline__ float2 plus(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
-__device__ __forceinline__ void store_bf16(__nv_bfloat16* at, float v) { *at = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store_bf16(__nv_bfloat16* at, float2 v) {
-  *reinterpret_cast<uint32_t*>(at) = pack_bf16x2(v.x, v.y);
-}
-
-// The value types (float or float2) are the layout's: store_rows picks them.
-template <class Cfg, bool kTransposed>
+template <class Cfg>
 __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
                                                   const WeightGradItem& w, int wg, int warp, int lane) {
-  if (p.f32 && p.accumulate && !p.partials) {
+  if (p.partials) {
+    float* out = p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim;
+    store_rows<Cfg>(p, acc, w, wg, warp, lane,
+                    [&](int64_t i, float2 v) { *reinterpret_cast<float2*>(out + i) = v; });
+  } else if (p.f32 && p.accumulate) {
     float* out = static_cast<float*>(p.out);
-    store_rows<Cfg, kTransposed>(p, acc, w, wg, warp, lane, [&](int64_t i, auto v) {
-      auto* dst = reinterpret_cast<decltype(v)*>(out + i);
-      *dst = plus(*dst, v);
+    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, float2 v) {
+      float2* dst = reinterpret_cast<float2*>(out + i);
+      const float2 old = *dst;
+      *dst = make_float2(old.x + v.x, old.y + v.y);
     });
-  } else if (p.f32 || p.partials) {  // this split's FP32 partials, or out as it is
-    float* out = p.partials ? p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim : static_cast<float*>(p.out);
-    store_rows<Cfg, kTransposed>(p, acc, w, wg, warp, lane,
-                                 [&](int64_t i, auto v) { *reinterpret_cast<decltype(v)*>(out + i) = v; });
+  } else if (p.f32) {
+    float* out = static_cast<float*>(p.out);
+    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, float2 v) { *reinterpret_cast<float2*>(out + i) = v; });
   } else {
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-    store_rows<Cfg, kTransposed>(p, acc, w, wg, warp, lane, [&](int64_t i, auto v) { store_bf16(out + i, v); });
+    store_rows<Cfg>(p, acc, w, wg, warp, lane,
+                    [&](int64_t i, float2 v) { *reinterpret_cast<uint32_t*>(out + i) = pack_bf16x2(v.x, v.y); });
   }
 }
 
@@ -246,28 +210,20 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
     if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
     const Item next = take_item<Cfg, true>(sm, ring, lane);
-    if (live) {
-      if (p.out_transposed)
-        store_weight_grad<Cfg, true>(p, acc, w, wg, warp, lane);
-      else
-        store_weight_grad<Cfg, false>(p, acc, w, wg, warp, lane);
-    }
+    if (live) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
     it = next;
   }
 }
 
-// rows_map: the by-row operand's rows where kRowsTma (launch.cu, make_sorted_map); unused otherwise.
-template <bool kRowsTma>
-__global__ void __launch_bounds__(kThreads, 1)
-    sm90_weight_grad_kernel(const KGroupedParams p, const __grid_constant__ CUtensorMap rows_map) {
+template <bool kATokens>
+__global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGroupedParams p) {
   using Cfg = WeightGradCfg;
   extern __shared__ unsigned char smem_raw[];
-  // The expert GEMM kernel's barriers (kernel.cuh), its "full" expecting the cp.async arrivals and,
-  // with kRowsTma, thread 0's expected TMA bytes.
+  // The expert GEMM kernel's barriers (kernel.cuh), its "full" expecting the cp.async arrivals only.
   if (threadIdx.x == 0) {
     const Smem<Cfg> sm = smem_layout<Cfg>(smem_raw);
     for (uint32_t s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(sm.full(s), kProducerThreads + (kRowsTma ? 1 : 0));
+      ptx::mbar_init(sm.full(s), kProducerThreads);
       ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
     }
     for (uint32_t s = 0; s < kItemSlots; ++s) {
@@ -276,15 +232,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     ptx::mbar_init_fence();
   }
-  if constexpr (kRowsTma)
-    if (threadIdx.x == kConsumerThreads) ptx::tma_prefetch_desc(&rows_map);
   dev::pdl_enter();  // launched with PDL: the rows, their order and the counts come from predecessors
   __syncthreads();
   const int32_t items = p.experts * p.splits * p.m_tiles * p.n_tiles;  // < 2^31: the launcher checks
   // Nothing stays live across setmaxnreg (kernel.cuh): each role derives its state after it.
   if (threadIdx.x >= kConsumerThreads) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    produce_weight_grad<kRowsTma>(p, &rows_map, smem_layout<Cfg>(smem_raw), items);
+    produce_weight_grad<kATokens>(p, smem_layout<Cfg>(smem_raw), items);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     consume_weight_grad(p, smem_layout<Cfg>(smem_raw), items);
