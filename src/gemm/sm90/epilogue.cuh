@@ -234,45 +234,79 @@ struct Epilogue<Mode::DGrad, Cfg> {
   }
   // dh and act_w rows are in sorted order (dw_partials is by assignment).
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
+  // h, dh and act_w move as 16-byte rows (a lane quad: 64 contiguous bytes, whole sectors): each
+  // lane loads the 8 columns [epi_store_col(g, q), +8) of g and of u, the quad transpose (its own
+  // inverse) hands every lane the pairs of its accumulators, and the outputs go back the same way
+  // (store_row_groups' layout). One ⟨D, act⟩ group's h loads in flight while the group before it
+  // is computed: 2 · 32 registers, beside the 128 accumulators.
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
+    constexpr int kGroups = kBlocks / kGroupBlocks, kQuads = kGroupBlocks / 4;  // 32-column quads a group
     const bool row_ok = id < p.num_assign;
     const float w = weights[h];
-    const int32_t F = int32_t(p.n_dim), c0 = n0 + 2 * (lane & 3);  // this lane's first column
-    // The row's pointers once (64-bit row offsets), 32-bit columns after: the accumulators leave
-    // the epilogue ~88 registers.
+    const int q = lane & 3;
+    const int32_t F = int32_t(p.n_dim);
+    // The row's pointers once (64-bit row offsets), 32-bit columns after.
     const int64_t row = out_row;
     const __nv_bfloat16* g_row = p.h + row * 2 * F;
     __nv_bfloat16* dg_row = p.dh ? p.dh + row * 2 * F : nullptr;
     __nv_bfloat16* aw_row = p.act_w ? p.act_w + row * F : nullptr;
-    auto bf16_pair = [](const __nv_bfloat16* at) {
-      const uint32_t v = *reinterpret_cast<const uint32_t*>(at);
-      return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-    };
+    auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
+    auto load = [&](int g, uint4 (&gv)[kQuads], uint4 (&uv)[kQuads]) {
 #pragma unroll
-    for (int g = 0; g < kBlocks / kGroupBlocks; ++g) {
+      for (int s = 0; s < kQuads; ++s) {
+        const int32_t n = n0 + epi_store_col(kQuads * g + s, q);
+        gv[s] = uv[s] = make_uint4(0u, 0u, 0u, 0u);
+        if (row_ok && n < F) {
+          gv[s] = *reinterpret_cast<const uint4*>(g_row + n);
+          uv[s] = *reinterpret_cast<const uint4*>(g_row + F + n);
+        }
+      }
+    };
+    auto store16 = [&](bool ok, __nv_bfloat16* at, uint32_t (&x)[4]) {
+      quad_transpose(x, q, shfl);  // every lane: the shuffles are warp-wide
+      if (ok) *reinterpret_cast<uint4*>(at) = make_uint4(x[0], x[1], x[2], x[3]);
+    };
+    uint4 gv[2][kQuads], uv[2][kQuads];
+    load(0, gv[0], uv[0]);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      if (g + 1 < kGroups) load(g + 1, gv[(g + 1) & 1], uv[(g + 1) & 1]);
       float dot = 0.0f;
 #pragma unroll
-      for (int jj = 0; jj < kGroupBlocks; ++jj) {
-        const int j = g * kGroupBlocks + jj, v = 4 * j + 2 * h;  // columns 8j + 2q, +1 of this row half
-        const int32_t n = c0 + 8 * j;
-        if (!row_ok || n >= F) continue;
-        const float2 gg = bf16_pair(g_row + n), uu = bf16_pair(g_row + F + n);
-        const dev::SwigluGrad e0(gg.x, uu.x, acc[v], w), e1(gg.y, uu.y, acc[v + 1], w);
-        dot += acc[v] * e0.act;
-        dot += acc[v + 1] * e1.act;
-        if (dg_row) {
-          *reinterpret_cast<uint32_t*>(dg_row + n) = pack_bf16x2(e0.dg, e1.dg);
-          *reinterpret_cast<uint32_t*>(dg_row + F + n) = pack_bf16x2(e0.du, e1.du);
+      for (int s = 0; s < kQuads; ++s) {
+        const int gq = kQuads * g + s;  // the 32-column quad of store_row_groups
+        uint32_t gx[4] = {gv[g & 1][s].x, gv[g & 1][s].y, gv[g & 1][s].z, gv[g & 1][s].w};
+        uint32_t ux[4] = {uv[g & 1][s].x, uv[g & 1][s].y, uv[g & 1][s].z, uv[g & 1][s].w};
+        quad_transpose(gx, q, shfl);
+        quad_transpose(ux, q, shfl);
+        uint32_t dg[4], du[4], aw[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int v = epi_acc(gq, i, h);  // columns 8(4gq + i) + 2q, +1 of this row half
+          dg[i] = du[i] = aw[i] = 0u;
+          if (n0 + 8 * (4 * gq + i) >= F) continue;  // past F: no ⟨D, act⟩ term (F is a multiple of 8)
+          const float2 gg = unpack_bf16x2(gx[i]), uu = unpack_bf16x2(ux[i]);
+          const dev::SwigluGrad e0(gg.x, uu.x, acc[v], w), e1(gg.y, uu.y, acc[v + 1], w);
+          dot += acc[v] * e0.act;
+          dot += acc[v + 1] * e1.act;
+          dg[i] = pack_bf16x2(e0.dg, e1.dg), du[i] = pack_bf16x2(e0.du, e1.du);
+          aw[i] = pack_bf16x2(w * e0.act, w * e1.act);
         }
-        if (aw_row) *reinterpret_cast<uint32_t*>(aw_row + n) = pack_bf16x2(w * e0.act, w * e1.act);
+        const int32_t n = n0 + epi_store_col(gq, q);
+        const bool ok = row_ok && n < F;
+        if (dg_row) {
+          store16(ok, dg_row + n, dg);
+          store16(ok, dg_row + F + n, du);
+        }
+        if (aw_row) store16(ok, aw_row + n, aw);
       }
       dot += __shfl_xor_sync(0xffffffffu, dot, 1);
       dot += __shfl_xor_sync(0xffffffffu, dot, 2);
       const int32_t group = n0 / 64 + g;
-      if ((lane & 3) == 0 && row_ok && group * 64 < F) p.dw_partials[int64_t(group) * p.num_assign + id] = dot;
-      // One group's h loads live at a time: without this the compiler hoists all four groups'
-      // 64 loads above the math, next to the 128 accumulators.
+      if (q == 0 && row_ok && group * 64 < F) p.dw_partials[int64_t(group) * p.num_assign + id] = dot;
+      // Two groups' h loads live at most: without this the compiler hoists all four groups' loads
+      // above the math, next to the 128 accumulators.
       asm volatile("" ::: "memory");
     }
   }
