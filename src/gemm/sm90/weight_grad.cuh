@@ -144,47 +144,77 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
 }
 
-// The finished tile to out (or this split's partials): this thread's two rows of each n8 block,
-// two adjacent columns a store. The mode is chosen once a tile and the row's address once a row,
-// so the 32 stores of a row are one base register and immediate offsets: the 128 accumulators
-// leave the consumer ~40 registers for everything else.
+// The finished tile to out (or this split's partials) as 8 consecutive columns a lane: each group
+// of 4 n8 blocks is transposed across the lane quad (layout.hpp, quad_transpose: once for the even
+// columns, once for the odd), so a row's stores are 16-byte (bf16) or 2 x 16-byte (FP32) accesses
+// and a quad's cover 64-128 contiguous bytes. The mode is chosen once a tile and the row's address
+// once a row. Every lane takes part in the shuffles; rows past m_dim and columns past n_dim (a
+// multiple of 8) store nothing.
 template <class Cfg, class Store>
 __device__ __forceinline__ void store_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
                                            const WeightGradItem& w, int wg, int warp, int lane, Store&& store) {
-  const int64_t col0 = w.n0 + 2 * (lane & 3);
-  const int64_t cols_left = p.n_dim - col0;  // n8 block j is in range iff 8j < cols_left
+  const int q = lane & 3;
+  auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t m = w.m0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h);
-    if (m >= p.m_dim) continue;
-    const int64_t offset = (int64_t(w.expert) * p.m_dim + m) * p.n_dim + col0;
+    const bool row_ok = m < p.m_dim;
+    const int64_t row = (int64_t(w.expert) * p.m_dim + m) * p.n_dim;
 #pragma unroll
-    for (int j = 0; j < Cfg::kBlockN / 8; ++j)
-      if (8 * j < cols_left) store(offset + 8 * j, make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+    for (int g = 0; g < Cfg::kBlockN / 32; ++g) {
+      uint32_t even[4], odd[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int v = epi_acc(g, i, h);
+        even[i] = __float_as_uint(acc[v]), odd[i] = __float_as_uint(acc[v + 1]);
+      }
+      quad_transpose(even, q, shfl);
+      quad_transpose(odd, q, shfl);
+      const int64_t n = w.n0 + epi_store_col(g, q);
+      if (row_ok && n < p.n_dim) store(row + n, even, odd);  // columns n + 2i: even[i], odd[i]
+    }
   }
 }
 
 template <class Cfg>
 __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
                                                   const WeightGradItem& w, int wg, int warp, int lane) {
+  using Word4 = const uint32_t (&)[4];
+  auto f = [](uint32_t v) { return __uint_as_float(v); };
+  auto store_f32 = [](float* at, Word4 e, Word4 o) {
+    reinterpret_cast<uint4*>(at)[0] = make_uint4(e[0], o[0], e[1], o[1]);
+    reinterpret_cast<uint4*>(at)[1] = make_uint4(e[2], o[2], e[3], o[3]);
+  };
   if (p.partials) {
     float* out = p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim;
-    store_rows<Cfg>(p, acc, w, wg, warp, lane,
-                    [&](int64_t i, float2 v) { *reinterpret_cast<float2*>(out + i) = v; });
+    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) { store_f32(out + i, e, o); });
   } else if (p.f32 && p.accumulate) {
+    // Added to out where this thread's sums are, two columns at a time, untransposed: the quad
+    // transpose's registers beside a loaded row spill next to the 128 sums.
     float* out = static_cast<float*>(p.out);
-    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, float2 v) {
-      float2* dst = reinterpret_cast<float2*>(out + i);
-      const float2 old = *dst;
-      *dst = make_float2(old.x + v.x, old.y + v.y);
-    });
+    const int64_t col0 = w.n0 + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = w.m0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h);
+      if (m >= p.m_dim) continue;
+      float2* row = reinterpret_cast<float2*>(out + (int64_t(w.expert) * p.m_dim + m) * p.n_dim + col0);
+#pragma unroll
+      for (int j = 0; j < Cfg::kBlockN / 8; ++j)
+        if (col0 + 8 * j < p.n_dim) {
+          const float2 old = row[4 * j];
+          row[4 * j] = make_float2(old.x + acc[4 * j + 2 * h], old.y + acc[4 * j + 2 * h + 1]);
+        }
+    }
   } else if (p.f32) {
     float* out = static_cast<float*>(p.out);
-    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, float2 v) { *reinterpret_cast<float2*>(out + i) = v; });
+    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) { store_f32(out + i, e, o); });
   } else {
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-    store_rows<Cfg>(p, acc, w, wg, warp, lane,
-                    [&](int64_t i, float2 v) { *reinterpret_cast<uint32_t*>(out + i) = pack_bf16x2(v.x, v.y); });
+    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
+      *reinterpret_cast<uint4*>(out + i) =
+          make_uint4(pack_bf16x2(f(e[0]), f(o[0])), pack_bf16x2(f(e[1]), f(o[1])), pack_bf16x2(f(e[2]), f(o[2])),
+                     pack_bf16x2(f(e[3]), f(o[3])));
+    });
   }
 }
 
