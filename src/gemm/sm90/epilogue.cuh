@@ -17,7 +17,6 @@
 #include "common/swiglu_grad.cuh"
 #include "gemm/common.cuh"
 #include "gemm/sm90/layout.hpp"
-#include "gemm/sm90/ptx.cuh"  // the streamed loads and stores of DGrad
 
 namespace moekit::kernels::gemm::sm90 {
 
@@ -258,17 +257,15 @@ struct Epilogue<Mode::DGrad, Cfg> {
       for (int s = 0; s < kQuads; ++s) {
         const int32_t n = n0 + epi_store_col(kQuads * g + s, q);
         gv[s] = uv[s] = make_uint4(0u, 0u, 0u, 0u);
-        // streamed past W2's and dy's tiles in the L2; the policy made at each use (one instruction):
-        // held across the group, its two registers spilled
         if (row_ok && n < F) {
-          gv[s] = ptx::ld_stream16(g_row + n, ptx::l2_evict_first_policy());
-          uv[s] = ptx::ld_stream16(g_row + F + n, ptx::l2_evict_first_policy());
+          gv[s] = *reinterpret_cast<const uint4*>(g_row + n);
+          uv[s] = *reinterpret_cast<const uint4*>(g_row + F + n);
         }
       }
     };
     auto store16 = [&](bool ok, __nv_bfloat16* at, uint32_t (&x)[4]) {
       quad_transpose(x, q, shfl);  // every lane: the shuffles are warp-wide
-      if (ok) ptx::st_stream16(at, make_uint4(x[0], x[1], x[2], x[3]), ptx::l2_evict_first_policy());
+      if (ok) *reinterpret_cast<uint4*>(at) = make_uint4(x[0], x[1], x[2], x[3]);
     };
     uint4 gv[2][kQuads], uv[2][kQuads];
     load(0, gv[0], uv[0]);

@@ -94,29 +94,6 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
 // generic proxy) before its later async-proxy accesses (wgmma reads shared memory through it).
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// ---- streamed global accesses -------------------------------------------------------------------
-// Data an epilogue reads or writes once (DGrad's h, dh and act_w: ~5 GB at Mixtral T = 16384
-// against ~1 GB of operands) marked evict-first in the L2, so it passes through without pushing the
-// GEMM's operand tiles out; L1 not allocated.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-// volatile: the loads stay where the epilogue issues them (its group-by-group register budget).
-__device__ __forceinline__ uint4 ld_stream16(const void* at, uint64_t policy) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(at), "l"(policy));
-  return v;
-}
-__device__ __forceinline__ void st_stream16(void* at, uint4 v, uint64_t policy) {
-  asm volatile("st.global.L1::no_allocate.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(at), "r"(v.x),
-               "r"(v.y), "r"(v.z), "r"(v.w), "l"(policy)
-               : "memory");
-}
-
 // ---- TMA ---------------------------------------------------------------------------------------
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
