@@ -133,9 +133,7 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
       int32_t tok[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        // COUNTER-EXPERIMENT, wrong sums (timing only): the gathered rows made contiguous, token
-        // (sorted row - the item's first) / topk, the ids still loaded: does the gather's latency hold dW?
-        tok[h] = ids[h] >= 0 && ids[h] < p.num_assign ? int32_t(uint32_t(row0 + 32 * h + lane - k.first) / uint32_t(p.topk)) : -1;
+        tok[h] = ids[h] >= 0 && ids[h] < p.num_assign ? int32_t(uint32_t(ids[h]) / uint32_t(p.topk)) : -1;
       if (kt + 1 < k.k_tiles) load_ids(row0 + kBlockK);
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
       load_rows<kWeightGradM, kATokens>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, tok, warp, lane);
