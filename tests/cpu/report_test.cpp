@@ -98,6 +98,43 @@ TEST(Report, CsvAndJsonHoldTheSameRows) {
   std::remove(csv_path.c_str());
 }
 
+// The SM clock and power of a row's timed steps (tools/moekit/gpu_clocks.hpp): median and lowest
+// clock, mean power, the limit reasons by name; null where nothing was sampled (no NVML, a stage
+// too short to sample), so every row keeps the same keys and the CSV its columns.
+TEST(Report, ClockFieldsOfTheTimedSteps) {
+  EXPECT_FALSE(summarize_clocks({}).has_value());
+  const std::optional<ClockStats> c =
+      summarize_clocks({{1980, 500000, 0x1}, {1755, 700000, 0x4}, {1620, 690000, 0x4 | 0x8}, {1830, 610000, 0}});
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->samples, 4);
+  EXPECT_DOUBLE_EQ(c->sm_clock_mhz, 0.5 * (1755 + 1830));
+  EXPECT_DOUBLE_EQ(c->sm_clock_min_mhz, 1620);
+  EXPECT_DOUBLE_EQ(c->power_w, 625.0);
+  EXPECT_EQ(clock_limit_names(c->limit_reasons), "sw_power_cap+hw_slowdown") << "the idle bit is not a limit";
+  EXPECT_EQ(clock_limit_names(0), "none");
+  EXPECT_EQ(clock_limit_names(0x1 | 0x100), "none");
+
+  std::vector<Row> rows = sample_rows();
+  rows[0].clocks = c;
+  RunInfo info;
+  info.read_ceiling_TBps = 4.5;
+  info.dense_ceiling_TFLOPs = 700;
+  const std::string path = (std::filesystem::temp_directory_path() / "moekit_report_clocks.json").string();
+  write_json(path, info, rows);
+  std::ifstream f(path);
+  const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(f);
+  std::remove(path.c_str());
+  const nlohmann::ordered_json &a = doc["rows"][0], &b = doc["rows"][1];
+  EXPECT_DOUBLE_EQ(a["sm_clock_MHz"].get<double>(), 1792.5);
+  EXPECT_DOUBLE_EQ(a["sm_clock_min_MHz"].get<double>(), 1620);
+  EXPECT_DOUBLE_EQ(a["power_W"].get<double>(), 625.0);
+  EXPECT_EQ(a["clock_limits"], "sw_power_cap+hw_slowdown");
+  EXPECT_EQ(a["clock_samples"], 4);
+  for (const char* k : {"sm_clock_MHz", "sm_clock_min_MHz", "power_W", "clock_limits", "clock_samples"})
+    EXPECT_TRUE(b[k].is_null()) << k;
+  EXPECT_EQ(a.size(), b.size());
+}
+
 // x_roof_busiest (issue: skewed routing): the roofline of every touched expert at the busiest one's
 // load. Counts {4, 0, 7, 21}: 32 assignments, 3 touched, busiest 21 -> FLOPs x 63/32; the read
 // floor is the stage's own; router, align and combine rows have none.

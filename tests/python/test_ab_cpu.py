@@ -12,7 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 AB = ROOT / "scripts" / "ab"
 
 # A stand-in for `moekit bench --preset P --tokens L --json PATH ...`: every stage's time is
-# T * 1e-3 times the factor in the file `speed` beside it; `lie` beside it writes another argv[0].
+# T * 1e-3 times the factor in the file `speed` beside it, its SM clock 1700 MHz over that factor;
+# `lie` beside it writes another argv[0].
 FAKE = r'''#!/usr/bin/env python3
 import json, os, sys
 here = os.path.dirname(os.path.abspath(sys.argv[0]))
@@ -22,8 +23,8 @@ speed = float(open(os.path.join(here, "speed")).read())
 argv0 = "/elsewhere/moekit" if os.path.exists(os.path.join(here, "lie")) else sys.argv[0]
 stages = (("backward", "backward-graph", "forward+backward", "backward-saved-h", "forward+backward-saved-h")
           if "--backward" in a else ("up", "down", "experts", "layer-graph"))
-rows = [{"preset": preset, "tokens": int(t), "stage": s, "impl": "moekit", "ms": int(t) * 1e-3 * speed}
-        for t in tokens.split(",") for s in stages]
+rows = [{"preset": preset, "tokens": int(t), "stage": s, "impl": "moekit", "ms": int(t) * 1e-3 * speed,
+         "sm_clock_MHz": round(1700 / speed)} for t in tokens.split(",") for s in stages]
 json.dump({"command": " ".join([argv0] + a), "gpu": "stand-in", "read_ceiling_TBps": 4.0,
            "dense_ceiling_TFLOPs": 700.0, "rows": rows}, open(path, "w"))
 '''
@@ -75,6 +76,8 @@ def test_two_builds_keep_the_old_new_table(tmp_path):
     assert not re.search(r"^--- ", summary, re.M), "one new build: no per-build headers"
     assert re.search(r"^preset +T stage +old ms +new ms +new/old", summary, re.M)
     assert "geomean new/old: experts 0.950" in summary
+    # each row with the SM clock both sides' timed steps ran at
+    assert re.search(r"^p1 +16 up .*  MHz 1700/1789$", summary, re.M), summary
     assert re.findall(r"^=== (\w+)-r(\d)-p1:", r.stdout, re.M) == [("old", "1"), ("new", "1"), ("new", "2"), ("old", "2")]
 
 

@@ -86,7 +86,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   auto up = [&](int c) { expert_up(plan, xt, layer.w13(c), ws, s); };
   auto down = [&](int c) { expert_down(plan, layer.w2(c), ws.topk_weights, ws, s); };
   auto forward = [&](int c) { moe_forward(plan, layer.inputs(c, xt), spec.router, yt, wsp, wsb, s); };
-  std::map<std::string, double> ms;
+  StageTimes ms;  // timing.hpp: each stage's time and clocks
   ms["router"] = timed([&](int c) {  // the call moe_forward makes, logits scratch included
     route(xt, layer.w_gate(c), Tensor{}, layer.score_bias(), spec.router, ws.topk_ids, ws.topk_weights, s,
           ws.router_logits);
@@ -167,6 +167,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     r.note = note;
     r.weight_copies = copies;
     r.skew = args.skew;
+    if (impl == "moekit") r.clocks = ms.clocks(stage);
     return r;
   };
   // The aligned layout's padding: the GEMMs compute whole block_m-row blocks.

@@ -177,7 +177,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
   const int copies = rot.copies, warmup = args.warmup, steps = args.steps;
 
   // ---- time: eager (host launch cost included), and one graph per weight copy in rotation.
-  std::map<std::string, double> ms;
+  StageTimes ms;  // timing.hpp: each stage's time and clocks
   ms["backward"] = time_median_ms(s, warmup, steps, [&](int i) { backward(i % copies); });
   LayerGraphs backward_graphs, step_graphs;
   for (int c = 0; c < copies; ++c) backward_graphs.capture([&] { backward(c); }, s);
@@ -263,6 +263,7 @@ Outcome bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     r.note = note;
     r.weight_copies = copies;
     r.skew = args.skew;
+    if (impl == "moekit") r.clocks = ms.clocks(stage);
     return r;
   };
   // moe_backward writes dW of all E experts, exact zeros for the untouched ones: work the API asks

@@ -89,7 +89,7 @@ bool bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     const ExpertWeights w = cx.fp8.at(c);
     expert_down(plan, w.w2, ws.topk_weights, ws, s, w.w2_scale);
   };
-  std::map<std::string, double> ms;
+  StageTimes ms;  // timing.hpp: each stage's time and clocks
   ms["router"] = timed([&](int) {
     route(xt, layer.w_gate(0), Tensor{}, layer.score_bias(), spec.router, ws.topk_ids, ws.topk_weights, s,
           ws.router_logits);
@@ -166,6 +166,7 @@ bool bench_tokens(const Context& cx, int64_t T, std::vector<Row>& rows) {
     r.tokens_per_expert = chk.expert_counts;
     r.config = plan.str(), r.note = note, r.weight_copies = copies, r.skew = args.skew;
     r.dtype = precision_name(p);
+    if (impl == "moekit") r.clocks = ms.clocks(stage);
     if (p == Precision::fp8) r.calc_diff = chk.calc_diff, r.fidelity_err = chk.fidelity;
     return r;
   };

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_clocks.hpp"  // ClockStats
 #include "metrics.hpp"
 
 namespace moekit::cli {
@@ -47,6 +48,7 @@ struct Row {
   std::string dtype = "bf16";         // of the expert weights: bf16 | fp8
   std::optional<double> calc_diff;    // fp8: y against the unquantized bf16 layer (oracle, sampled tokens)
   std::optional<double> fidelity_err; // fp8: y against the oracle on the same quantized values (rel. norm)
+  std::optional<ClockStats> clocks;    // SM clock and power during the timed steps (gpu_clocks.hpp)
 
   double TBps() const { return ms > 0 ? double(cost.bytes()) / (ms * 1e-3) / 1e12 : 0; }
   // The stage's time over a streaming read of the same weight bytes in the same run ("x the

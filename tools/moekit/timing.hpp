@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -141,6 +143,35 @@ inline void capture_rotated(LayerGraphs& graphs, const std::function<void(int)>&
 inline double time_rotated_ms(const LayerGraphs& graphs, int copies, int warmup, int steps, cudaStream_t stream) {
   return time_median_ms(stream, warmup, steps, [&](int i) { graphs.launch(i % copies, stream); });
 }
+
+// A bench's stage -> median ms, with the SM clock and power its timed loop sampled: assigning a
+// stage's time (the value of time_median_ms or a timer built on it) records that loop's clocks.
+class StageTimes {
+ public:
+  class Slot {
+   public:
+    Slot(StageTimes& t, std::string stage) : t_(t), stage_(std::move(stage)) {}
+    Slot& operator=(double ms) {
+      t_.ms_[stage_] = ms;
+      t_.clocks_[stage_] = last_timed_clocks();
+      return *this;
+    }
+    operator double() const { return t_.ms_.at(stage_); }
+
+   private:
+    StageTimes& t_;
+    std::string stage_;
+  };
+  Slot operator[](const std::string& stage) { return {*this, stage}; }
+  std::optional<ClockStats> clocks(const std::string& stage) const {
+    const auto it = clocks_.find(stage);
+    return it == clocks_.end() ? std::nullopt : it->second;
+  }
+
+ private:
+  std::map<std::string, double> ms_;
+  std::map<std::string, std::optional<ClockStats>> clocks_;
+};
 
 // Median time of one step(c): `reps` back-to-back calls captured per weight copy
 // (capture_rotated), the graphs replayed in rotation, divided by reps.

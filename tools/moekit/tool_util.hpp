@@ -7,13 +7,16 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "gpu_clocks.hpp"
 #include "moekit/tensor.hpp"
 
 namespace moekit::cli {
@@ -173,6 +176,16 @@ inline double time_median_ms(cudaStream_t stream, int warmup, int steps, const s
     body(call++);
     MK_CUDA_CHECK(cudaEventRecord(ev[size_t(2 * i + 1)], stream));
   }
+  // While the timed steps run, the host samples the SM clock and power every 2 ms (gpu_clocks.hpp):
+  // it polls the last event instead of blocking on it, which the GPU's timeline does not see.
+  std::vector<ClockSample> samples;
+  for (std::optional<ClockSample> c = sample_gpu_clocks(); c && cudaEventQuery(ev.back()) == cudaErrorNotReady;
+       c = sample_gpu_clocks()) {
+    if (cudaEventQuery(ev.front()) == cudaSuccess) samples.push_back(*c);  // inside the timed steps
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();  // the polls' "not yet", no error
+  set_last_timed_clocks(summarize_clocks(samples));
   MK_CUDA_CHECK(cudaEventSynchronize(ev.back()));
   MK_CUDA_CHECK(cudaGetLastError());
   std::vector<double> ms(static_cast<size_t>(steps));
