@@ -37,9 +37,7 @@
 namespace moekit::kernels::gemm::sm90 {
 
 // 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side).
-// COUNTER-EXPERIMENT (timing): 3 stages instead of 4, to see how much the kernel leans on the
-// operands' latency cover (one stage fewer in flight)
-using WeightGradCfg = Config<256, 3>;
+using WeightGradCfg = Config<256, 4>;
 inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
 
 struct WeightGradItem {
