@@ -57,8 +57,8 @@ inline std::string clock_limit_names(uint64_t reasons) {
   return out.empty() ? "none" : out;
 }
 
-// One sample of the current CUDA device (bound at the first call); none where NVML or the device
-// is missing. Thread-compatible: the CLI samples from its one host thread.
+// One sample of the current CUDA device (its NVML handle looked up once); none where NVML or the
+// device is missing. The CLI samples from its one host thread.
 std::optional<ClockSample> sample_gpu_clocks();
 
 // What the latest timed loop (tool_util.hpp, time_median_ms) sampled: read right after it.
