@@ -174,7 +174,9 @@ void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, co
   }
 }
 
-void launch_split_sum(const Tensor& partials, int splits, const Tensor& out, bool accumulate, cudaStream_t stream) {
+// expert_counts: with accumulate and out [E, ...], an expert with no rows is skipped (nothing added).
+void launch_split_sum(const Tensor& partials, int splits, const Tensor& out, bool accumulate, cudaStream_t stream,
+                      const int32_t* expert_counts = nullptr) {
   kb::SplitSumParams p{};
   p.partials = partials.as<const float>();
   p.out = out.data;
@@ -182,6 +184,7 @@ void launch_split_sum(const Tensor& partials, int splits, const Tensor& out, boo
   p.splits = splits;
   p.f32 = out.dtype == DType::f32;
   p.accumulate = accumulate;
+  if (accumulate && expert_counts) p.expert_counts = expert_counts, p.plane = p.n / out.shape[0];
   launch_pdl("split_sum_kernel", kb::split_sum_kernel, dim3(unsigned(cdiv(p.n / 4, 256))), dim3(256), 0, stream, p);
 }
 
@@ -346,7 +349,8 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     else
       launch_mma_sync_weight_grads(plan, layout, in, ws, gemms, stream);
     if (S > 1)
-      for (const WeightGemm& g : gemms) launch_split_sum(g.partials, S, g.out, acc, stream);
+      for (const WeightGemm& g : gemms)
+        launch_split_sum(g.partials, S, g.out, acc, stream, in.expert_counts.as<const int32_t>());
   }
   nvtxRangePop();
 }

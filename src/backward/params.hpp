@@ -110,6 +110,10 @@ struct SplitSumParams {
   int64_t n;              // a multiple of 4
   int splits;
   bool f32, accumulate;
+  // Accumulating dW: out's experts are planes of `plane` elements (a multiple of 4), and an expert
+  // with expert_counts[e] = 0 adds nothing (its main_grad stays bitwise as it was). Null otherwise.
+  const int32_t* expert_counts;
+  int64_t plane;
 };
 
 // The router's gradient, a warp per token (d_topk_weights -> d_logits through the scoring, the

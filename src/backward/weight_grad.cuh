@@ -97,16 +97,22 @@ __global__ void __launch_bounds__(WeightTile<RaggedRows>::kThreads) weight_grad_
                                           m0, p.out.rows, tid);
   const MNRows<SortedRows, Cfg::BN, NT> b(SortedRows{p.b, L.sorted_ids, first, end, L.num_assign, L.topk}, p.b.base,
                                           n0, p.out.cols, tid);
+  // Accumulating into f32 dW, an expert with no rows adds nothing: its main_grad is left bitwise as
+  // it was (adding +0 would turn a -0 into +0) and unread (at a few tokens on many experts, most of
+  // the bytes). Split, its partials are zeros and the split sum skips it.
+  if (p.out.accumulate && !p.out.partials && end == first) return;
   Mma<Cfg> mma(tid);
   k_loop(mma, smem, a, b, kt0, count);
   store_weight_tile(p.out, mma, e, split, m0, n0);
 }
 
-// A thread per 4 elements: out = (accumulate ? out : 0) + (p_0 + p_1 + ... + p_{S-1}).
+// A thread per 4 elements: out = (accumulate ? out : 0) + (p_0 + p_1 + ... + p_{S-1}); accumulating,
+// an expert with no rows is left alone.
 __global__ void __launch_bounds__(256) split_sum_kernel(const SplitSumParams p) {
   dev::pdl_enter();
   const int64_t i = (int64_t(blockIdx.x) * 256 + threadIdx.x) * 4;
   if (i >= p.n) return;
+  if (p.expert_counts && p.expert_counts[i / p.plane] == 0) return;  // accumulating: nothing to add
   float4 s = *reinterpret_cast<const float4*>(p.partials + i);
   for (int k = 1; k < p.splits; ++k) {
     const float4 v = *reinterpret_cast<const float4*>(p.partials + k * p.n + i);

@@ -89,7 +89,9 @@ struct BackwardRun {
       grads.dw2 = Tensor(dw2.ptr, d, {E, H, F});
       if (o.accumulate_weight_grads) {  // main_grad of the gradients' magnitude, so its rounding stays small
         auto init = [&](size_t n) {
-          const std::vector<float> v = random_f32(n, rng);
+          // every fifth a -0: adding a +0 to it (an expert with no rows) would make it +0, bitwise new
+          std::vector<float> v = random_f32(n, rng);
+          for (size_t i = 0; i < n; i += 5) v[i] = -0.0f;
           std::vector<unsigned char> b(n * 4);
           std::memcpy(b.data(), v.data(), b.size());
           return b;

@@ -108,6 +108,12 @@ TEST_F(BackwardTest, F32WeightGradsAccumulated) {
     check({33, 256, 128, 8, 2}, 0, o);
     check({1024, 256, 128, 4, 2}, 0, o);  // dw_splits 2: the split sum accumulates
     check({300, 256, 128, 8, 2}, 0, o);   // block_m 128, dw_splits 1: the wgmma kernel's own f32 stores
+    // Experts with no rows (6 of 8, 2 of 4): accumulated, their main_grad (a -0 in every
+    // five) stays bitwise as it was — the mma.sync kernel, the wgmma kernel, and the split sum.
+    std::mt19937_64 rng(fresh_seed());
+    for (const MoeShape s : {MoeShape{40, 256, 128, 8, 2}, MoeShape{1024, 256, 128, 4, 2}})
+      for (int block_m : {0, 16, 128})  // 0: the planner's (dw_splits 2 at T = 1024, as above)
+        check(s, block_m, o, {}, make_routing(RoutingKind::EmptyExperts, s.tokens, s.topk, s.experts, rng));
   }
 }
 

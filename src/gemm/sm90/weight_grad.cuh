@@ -240,7 +240,9 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
     if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
     const Item next = take_item<Cfg, true>(sm, ring, lane);
-    if (live) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
+    // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
+    const bool adds_nothing = p.accumulate && p.f32 && !p.partials && k.k_tiles == 0;
+    if (live && !adds_nothing) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
     it = next;
   }
 }
