@@ -179,6 +179,7 @@ inline double time_median_ms(cudaStream_t stream, int warmup, int steps, const s
   // While the timed steps run, the host samples the SM clock and power every 2 ms (gpu_clocks.hpp):
   // it polls the last event instead of blocking on it, which the GPU's timeline does not see.
   std::vector<ClockSample> samples;
+  MK_CUDA_CHECK(cudaGetLastError());  // a launch's error first: the polls below may overwrite the last error
   for (std::optional<ClockSample> c = sample_gpu_clocks(); c && cudaEventQuery(ev.back()) == cudaErrorNotReady;
        c = sample_gpu_clocks()) {
     if (cudaEventQuery(ev.front()) == cudaSuccess) samples.push_back(*c);  // inside the timed steps
