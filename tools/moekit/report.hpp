@@ -78,10 +78,15 @@ inline void print_row(const Row& r, const RunInfo& info) {
   char read_ms[32] = "-", x_read[32] = "-";
   if (r.read_time_ms) std::snprintf(read_ms, sizeof read_ms, "%.4f", *r.read_time_ms);
   if (const auto x = r.x_read_time()) std::snprintf(x_read, sizeof x_read, "%.3f", *x);
-  std::printf("%-14s %6lld %-12s %-15s %9.4f %7.3f %8.1f %5.1f%% %5.1f%% %8.2f %9s %7s\n", r.preset.c_str(),
+  std::printf("%-14s %6lld %-12s %-15s %9.4f %7.3f %8.1f %5.1f%% %5.1f%% %8.2f %9s %7s", r.preset.c_str(),
               (long long)r.shape.tokens, r.stage.c_str(), r.impl.c_str(), r.ms, r.TBps(), r.TFLOPs(),
               100.0 * r.TBps() / info.read_ceiling_TBps, 100.0 * r.TFLOPs() / info.dense_ceiling_TFLOPs,
               r.tokens_per_expert_max_over_mean, read_ms, x_read);
+  // the clock its timed steps ran at, where NVML sampled it (gpu_clocks.hpp)
+  if (r.clocks)
+    std::printf("  %.0f MHz %.0f W %s", r.clocks->sm_clock_mhz, r.clocks->power_w,
+                clock_limit_names(r.clocks->limit_reasons).c_str());
+  std::printf("\n");
 }
 
 }  // namespace moekit::cli
