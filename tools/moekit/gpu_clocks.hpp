@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "stats.hpp"  // median
+
 namespace moekit::cli {
 
 struct ClockSample {
@@ -31,16 +33,14 @@ struct ClockStats {
 // The samples of one timed loop summarised; none without samples.
 inline std::optional<ClockStats> summarize_clocks(const std::vector<ClockSample>& samples) {
   if (samples.empty()) return std::nullopt;
-  std::vector<unsigned> mhz;
+  std::vector<double> mhz;
   ClockStats s;
   s.samples = int(samples.size());
   double power = 0;
   for (const ClockSample& c : samples) mhz.push_back(c.sm_mhz), power += c.power_mw, s.limit_reasons |= c.reasons;
-  std::sort(mhz.begin(), mhz.end());
-  const size_t n = mhz.size();
-  s.sm_clock_mhz = n % 2 ? mhz[n / 2] : 0.5 * (double(mhz[n / 2 - 1]) + double(mhz[n / 2]));
-  s.sm_clock_min_mhz = mhz.front();
-  s.power_w = power / double(n) / 1000.0;
+  s.sm_clock_mhz = median(mhz);
+  s.sm_clock_min_mhz = *std::min_element(mhz.begin(), mhz.end());
+  s.power_w = power / double(samples.size()) / 1000.0;
   return s;
 }
 

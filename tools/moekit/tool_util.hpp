@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpu_clocks.hpp"
+#include "stats.hpp"  // median
 #include "moekit/tensor.hpp"
 
 namespace moekit::cli {
@@ -147,12 +148,6 @@ inline bool require_hopper(const char* command, const char* why, const char* ins
   return false;
 }
 
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Runs body(i) `warmup` times, then `steps` times between CUDA events, and returns the median
 // step time in ms. All events are recorded up front and read after one final synchronisation:
@@ -180,8 +175,9 @@ inline double time_median_ms(cudaStream_t stream, int warmup, int steps, const s
   // it polls the last event instead of blocking on it, which the GPU's timeline does not see.
   std::vector<ClockSample> samples;
   MK_CUDA_CHECK(cudaGetLastError());  // a launch's error first: the polls below may overwrite the last error
-  for (std::optional<ClockSample> c = sample_gpu_clocks(); c && cudaEventQuery(ev.back()) == cudaErrorNotReady;
-       c = sample_gpu_clocks()) {
+  while (cudaEventQuery(ev.back()) == cudaErrorNotReady) {
+    const std::optional<ClockSample> c = sample_gpu_clocks();
+    if (!c) break;  // no NVML: block on the event below
     if (cudaEventQuery(ev.front()) == cudaSuccess) samples.push_back(*c);  // inside the timed steps
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "common/device.cuh"  // bf16_lo, bf16_hi
 #include "common/silu.cuh"
 #include "common/swiglu_grad.cuh"
 #include "gemm/common.cuh"
@@ -286,8 +287,8 @@ struct Epilogue<Mode::DGrad, Cfg> {
           const int v = epi_acc(gq, i, h);  // columns 8(4gq + i) + 2q, +1 of this row half
           dg[i] = du[i] = aw[i] = 0u;
           if (n0 + 8 * (4 * gq + i) >= F) continue;  // past F: no ⟨D, act⟩ term (F is a multiple of 8)
-          const float2 gg = unpack_bf16x2(gx[i]), uu = unpack_bf16x2(ux[i]);
-          const dev::SwigluGrad e0(gg.x, uu.x, acc[v], w), e1(gg.y, uu.y, acc[v + 1], w);
+          const dev::SwigluGrad e0(dev::bf16_lo(gx[i]), dev::bf16_lo(ux[i]), acc[v], w),
+              e1(dev::bf16_hi(gx[i]), dev::bf16_hi(ux[i]), acc[v + 1], w);
           dot += acc[v] * e0.act;
           dot += acc[v + 1] * e1.act;
           dg[i] = pack_bf16x2(e0.dg, e1.dg), du[i] = pack_bf16x2(e0.du, e1.du);

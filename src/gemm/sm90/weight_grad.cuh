@@ -144,12 +144,16 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
 }
 
+// The output row (of out_e's m_dim) of this thread's row half h in item w.
+__device__ __forceinline__ int64_t tile_row(const WeightGradItem& w, int wg, int warp, int lane, int h) {
+  return w.m0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h);
+}
+
 // The finished tile to out (or this split's partials) as 8 consecutive columns a lane: each group
 // of 4 n8 blocks is transposed across the lane quad (layout.hpp, quad_transpose: once for the even
 // columns, once for the odd), so a row's stores are 16-byte (bf16) or 2 x 16-byte (FP32) accesses
-// and a quad's cover 64-128 contiguous bytes. The mode is chosen once a tile and the row's address
-// once a row. Every lane takes part in the shuffles; rows past m_dim and columns past n_dim (a
-// multiple of 8) store nothing.
+// and a quad's cover 64-128 contiguous bytes. Every lane takes part in the shuffles; rows past
+// m_dim and columns past n_dim (a multiple of 8) store nothing.
 template <class Cfg, class Store>
 __device__ __forceinline__ void store_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
                                            const WeightGradItem& w, int wg, int warp, int lane, Store&& store) {
@@ -157,7 +161,7 @@ __device__ __forceinline__ void store_rows(const KGroupedParams& p, const float 
   auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t m = w.m0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h);
+    const int64_t m = tile_row(w, wg, warp, lane, h);
     const bool row_ok = m < p.m_dim;
     const int64_t row = (int64_t(w.expert) * p.m_dim + m) * p.n_dim;
 #pragma unroll
@@ -176,46 +180,47 @@ __device__ __forceinline__ void store_rows(const KGroupedParams& p, const float 
   }
 }
 
+// Added to an f32 out where this thread's sums are, two columns at a time, untransposed: the quad
+// transpose's registers beside a loaded row spill next to the 128 sums.
+template <class Cfg>
+__device__ __forceinline__ void add_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
+                                         const WeightGradItem& w, int wg, int warp, int lane) {
+  const int64_t col0 = w.n0 + 2 * (lane & 3);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t m = tile_row(w, wg, warp, lane, h);
+    if (m >= p.m_dim) continue;
+    float2* row = reinterpret_cast<float2*>(static_cast<float*>(p.out) + (int64_t(w.expert) * p.m_dim + m) * p.n_dim + col0);
+#pragma unroll
+    for (int j = 0; j < Cfg::kBlockN / 8; ++j)
+      if (col0 + 8 * j < p.n_dim) {
+        const float2 old = row[4 * j];
+        row[4 * j] = make_float2(old.x + acc[4 * j + 2 * h], old.y + acc[4 * j + 2 * h + 1]);
+      }
+  }
+}
+
+// The tile's one destination: this split's FP32 partials, else out as f32 (added to, or stored)
+// or bf16.
 template <class Cfg>
 __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
                                                   const WeightGradItem& w, int wg, int warp, int lane) {
   using Word4 = const uint32_t (&)[4];
-  auto f = [](uint32_t v) { return __uint_as_float(v); };
-  auto store_f32 = [](float* at, Word4 e, Word4 o) {
-    reinterpret_cast<uint4*>(at)[0] = make_uint4(e[0], o[0], e[1], o[1]);
-    reinterpret_cast<uint4*>(at)[1] = make_uint4(e[2], o[2], e[3], o[3]);
-  };
-  if (p.partials) {
-    float* out = p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim;
-    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) { store_f32(out + i, e, o); });
-  } else if (p.f32 && p.accumulate) {
-    // Added to out where this thread's sums are, two columns at a time, untransposed: the quad
-    // transpose's registers beside a loaded row spill next to the 128 sums.
-    float* out = static_cast<float*>(p.out);
-    const int64_t col0 = w.n0 + 2 * (lane & 3);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t m = w.m0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h);
-      if (m >= p.m_dim) continue;
-      float2* row = reinterpret_cast<float2*>(out + (int64_t(w.expert) * p.m_dim + m) * p.n_dim + col0);
-#pragma unroll
-      for (int j = 0; j < Cfg::kBlockN / 8; ++j)
-        if (col0 + 8 * j < p.n_dim) {
-          const float2 old = row[4 * j];
-          row[4 * j] = make_float2(old.x + acc[4 * j + 2 * h], old.y + acc[4 * j + 2 * h + 1]);
-        }
-    }
-  } else if (p.f32) {
-    float* out = static_cast<float*>(p.out);
-    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) { store_f32(out + i, e, o); });
-  } else {
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+  if (p.accumulate && !p.partials) return add_rows<Cfg>(p, acc, w, wg, warp, lane);
+  if (p.partials || p.f32) {
+    float* out = p.partials ? p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim : static_cast<float*>(p.out);
     store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
-      *reinterpret_cast<uint4*>(out + i) =
-          make_uint4(pack_bf16x2(f(e[0]), f(o[0])), pack_bf16x2(f(e[1]), f(o[1])), pack_bf16x2(f(e[2]), f(o[2])),
-                     pack_bf16x2(f(e[3]), f(o[3])));
+      reinterpret_cast<uint4*>(out + i)[0] = make_uint4(e[0], o[0], e[1], o[1]);
+      reinterpret_cast<uint4*>(out + i)[1] = make_uint4(e[2], o[2], e[3], o[3]);
     });
+    return;
   }
+  auto f = [](uint32_t v) { return __uint_as_float(v); };
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+  store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
+    *reinterpret_cast<uint4*>(out + i) = make_uint4(pack_bf16x2(f(e[0]), f(o[0])), pack_bf16x2(f(e[1]), f(o[1])),
+                                                    pack_bf16x2(f(e[2]), f(o[2])), pack_bf16x2(f(e[3]), f(o[3])));
+  });
 }
 
 template <class Cfg>
@@ -241,7 +246,7 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
-    const bool adds_nothing = p.accumulate && p.f32 && !p.partials && k.k_tiles == 0;
+    const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
     if (live && !adds_nothing) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
     it = next;
   }
