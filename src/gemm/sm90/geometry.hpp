@@ -34,11 +34,15 @@ inline constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
 // The tile configuration of one compiled instance: BN columns of B per tile, STAGES-deep ring.
 // FP8: the same bytes per stage (a 128-byte row is 128 e4m3, one scale block deep), plus each
 // stage's scales: the A scale of every tile row, then the B scales of the tile's two 128-row halves.
-template <int BN, int STAGES, bool FP8 = false>
+// PINGPONG (pingpong.cuh): each consumer warpgroup owns whole tiles, all 128 rows (two m64 sets of
+// kAccs accumulators), the two taking alternate tiles so one's epilogue runs under the other's
+// mainloop; a stage is then released by the 4 warps of one warpgroup.
+template <int BN, int STAGES, bool FP8 = false, bool PINGPONG = false>
 struct Config {
   static constexpr int kBlockN = BN;
   static constexpr int kStages = STAGES;
   static constexpr bool kFp8 = FP8;
+  static constexpr bool kPingPong = PINGPONG;
   static constexpr uint32_t kScaleFloats = FP8 ? kBlockM + 4 : 0;  // a[128], b[2], padding to 16 B
   static constexpr uint32_t kScaleB = kBlockM;                     // index of b[0]
   static constexpr int kAccs = BN / 2;  // m64nBN f32 accumulators per consumer thread
@@ -57,7 +61,8 @@ struct Config {
   // full: 128 cp.async arrivals (.noinc) + 1 arrive.expect_tx of the TMA thread.
   static constexpr uint32_t kFullArrivals = kProducerThreads + 1;
   // empty: lane 0 of every consumer warp, once its warpgroup's wgmma on the stage completed.
-  static constexpr uint32_t kEmptyArrivals = kConsumerThreads / 32;
+  // Ping-pong: lane 0 of the owning warpgroup's 4 warps.
+  static constexpr uint32_t kEmptyArrivals = (PINGPONG ? 128 : kConsumerThreads) / 32;
   // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot.
   static constexpr uint32_t kItemFullArrivals = 1;
   static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
@@ -70,6 +75,7 @@ struct Config {
 
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
   static_assert(!FP8 || BN == 256, "the fp8 mainloop multiplies two n128 halves");
+  static_assert(!PINGPONG || (BN == 128 && !FP8), "a ping-pong warpgroup holds 128 x 128 (2 x 64 accumulators), bf16");
   static_assert(BN % 64 == 0, "Up stores BN/2 columns in groups of 32 (the quad transpose)");
   static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
   static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,

@@ -6,7 +6,8 @@
 // one column tile (DownSplitK: and one K-slice); a persistent grid walks the items, their number
 // read from the device.
 //
-// One CTA = 3 warpgroups, warp-specialised: warpgroup 2 produces, warpgroups 0-1 consume.
+// One CTA = 3 warpgroups, warp-specialised: warpgroup 2 produces, warpgroups 0-1 consume, together
+// on each tile (consume) or on alternate tiles (Cfg::kPingPong: pingpong.cuh's consume_pingpong).
 // FP8 (Cfg::kFp8) swaps in the parts of fp8.cuh: the promoting mainloop and the quantizing up
 // epilogue; the producer loads the block scales beside A and B.
 #pragma once
@@ -22,6 +23,7 @@
 #include "gemm/sm90/fp8.cuh"
 #include "gemm/sm90/layout.hpp"
 #include "gemm/sm90/mainloop.cuh"
+#include "gemm/sm90/pingpong.cuh"
 #include "gemm/sm90/pipeline.cuh"
 #include "gemm/sm90/producer.cuh"
 #include "gemm/sm90/ptx.cuh"
@@ -100,11 +102,11 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
 
 // a_map: A by TMA where tma_a<M, Cfg>() (the FP8 down GEMM: act's rows are contiguous in sorted
 // order); unused otherwise.
-template <Mode M, int BN, int STAGES, bool FP8>
+template <Mode M, int BN, int STAGES, bool FP8, bool PINGPONG = false>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_expert_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap b_map,
                             const __grid_constant__ CUtensorMap a_map) {
-  using Cfg = Config<BN, STAGES, FP8>;
+  using Cfg = Config<BN, STAGES, FP8, PINGPONG>;
   extern __shared__ unsigned char smem_raw[];
   if (threadIdx.x == 0) {
     const Smem<Cfg> sm = smem_layout<Cfg>(smem_raw);
@@ -134,7 +136,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     const Work w = read_work(p);
-    consume<M, Cfg>(p, smem_layout<Cfg>(smem_raw), w.items, w.k_tiles);
+    if constexpr (PINGPONG)
+      consume_pingpong<M, Cfg>(p, smem_layout<Cfg>(smem_raw), w.items, w.k_tiles);
+    else
+      consume<M, Cfg>(p, smem_layout<Cfg>(smem_raw), w.items, w.k_tiles);
   }
 }
 

@@ -111,10 +111,10 @@ int64_t persistent_sms() {
   });
 }
 
-template <Mode M, int BN, int ST, bool FP8>
+template <Mode M, int BN, int ST, bool FP8, bool PINGPONG = false>
 void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_blocks, cudaStream_t stream) {
-  using Cfg = sm90::Config<BN, ST, FP8>;
-  constexpr auto kernel = sm90::sm90_expert_gemm_kernel<M, BN, ST, FP8>;
+  using Cfg = sm90::Config<BN, ST, FP8, PINGPONG>;
+  constexpr auto kernel = sm90::sm90_expert_gemm_kernel<M, BN, ST, FP8, PINGPONG>;
   const int64_t sms = persistent_sms<Cfg, kernel>();
   Params p = p_in;
   const int64_t cols = kernels::gemm::cols_per_tile(M, BN);
@@ -168,14 +168,18 @@ void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan
   fail("expert_gemm", "plan", "no compiled wgmma config has block_n " + std::to_string(block_n));
 }
 
+// Dx and UpH: the cooperative 128 x 256 tile. DGrad: ping-pong 128 x 128 tiles (pingpong.cuh), 6
+// stages of 32 KB, its SwiGLU-backward epilogue under the other warpgroup's mainloop.
 void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, int64_t experts, cudaStream_t stream) {
   if (max_blocks == 0) return;
-  constexpr int kBlockN = 256;
+  constexpr int kBlockN = 256, kPingPongN = 128;
+  if (mode == Mode::DGrad) {
+    const CUtensorMap b_map = make_b_map(mode, p, experts, kPingPongN);
+    return launch_instance<Mode::DGrad, kPingPongN, 6, false, true>(p, b_map, max_blocks, stream);
+  }
   const CUtensorMap b_map = make_b_map(mode, p, experts, kBlockN);
   if (mode == Mode::Dx)
     launch_instance<Mode::Dx, kBlockN, 4, false>(p, b_map, max_blocks, stream);
-  else if (mode == Mode::DGrad)
-    launch_instance<Mode::DGrad, kBlockN, 4, false>(p, b_map, max_blocks, stream);
   else if (mode == Mode::UpH)
     launch_instance<Mode::UpH, kBlockN, 4, false>(p, b_map, max_blocks, stream);
   else
