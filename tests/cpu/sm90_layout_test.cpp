@@ -404,5 +404,41 @@ TEST(Sm90Schedule, ItemsMapOntoEveryTileOnceInChunkOrder) {
     }
 }
 
+// The ping-pong consumers (pingpong.cuh): a warpgroup multiplies the items of its parity and
+// skips the others' K-tiles at once; it must wait on exactly the (stage, phase) sequence the
+// producer filled for its items, whatever the ring depth and K (k_tiles = 0 included).
+template <int STAGES>
+void check_pingpong_positions() {
+  for (int32_t k_tiles : {0, 1, 2, STAGES - 1, STAGES, STAGES + 1, 12, 64, 1001}) {
+    std::vector<std::pair<uint32_t, uint32_t>> filled;  // the producer's (stage, phase), in order
+    Pipe<STAGES> producer;
+    const int items = 7;
+    for (int it = 0; it < items; ++it)
+      for (int32_t kt = 0; kt < k_tiles; ++kt, producer.advance()) filled.push_back({producer.stage, producer.phase});
+    for (int wg = 0; wg < 2; ++wg) {
+      Pipe<STAGES> pipe;
+      for (int it = 0; it < items; ++it) {
+        if (it % 2 != wg) {
+          pipe.skip(k_tiles);
+          continue;
+        }
+        for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
+          const auto want = filled[size_t(it) * size_t(k_tiles) + size_t(kt)];
+          ASSERT_EQ(pipe.stage, want.first) << "item " << it << " k-tile " << kt << " K " << k_tiles;
+          ASSERT_EQ(pipe.phase, want.second) << "item " << it << " k-tile " << kt << " K " << k_tiles;
+        }
+      }
+      ASSERT_EQ(pipe.stage, producer.stage) << "K " << k_tiles;
+      ASSERT_EQ(pipe.phase, producer.phase) << "K " << k_tiles;
+    }
+  }
+}
+
+TEST(Sm90Schedule, PingPongWarpgroupsWaitOnTheProducersStages) {
+  check_pingpong_positions<3>();
+  check_pingpong_positions<4>();
+  check_pingpong_positions<6>();
+}
+
 }  // namespace
 }  // namespace moekit::kernels::gemm::sm90

@@ -109,6 +109,21 @@ MK_HD void quad_transpose(uint32_t (&x)[4], int q, ShflXor&& shfl_xor) {
 MK_HD constexpr int epi_acc(int g, int i, int h) { return 4 * (4 * g + i) + 2 * h; }
 MK_HD constexpr int epi_store_col(int g, int q) { return 8 * (4 * g + q); }
 
+// ---- the ring of stages ----------------------------------------------------------------------------
+// Position in the ring (pipeline.cuh): the mbarrier phase parity flips each time the ring wraps.
+template <int STAGES>
+struct Pipe {
+  uint32_t stage = 0, phase = 0;
+  MK_HD void advance() {
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+  }
+  // n advances at once: a ping-pong warpgroup passing over the other one's tile (pingpong.cuh).
+  MK_HD void skip(int32_t n) {
+    const uint32_t t = stage + uint32_t(n);
+    stage = t % STAGES, phase ^= (t / STAGES) & 1u;
+  }
+};
+
 // ---- persistent schedule -------------------------------------------------------------------------
 // Work item -> (block, column tile): the chunks of gemm/item_order.hpp, found by the publishing
 // warp (scheduler.cuh), which posts the tile as one code: block · n_tiles + column tile. 32-bit on

@@ -14,20 +14,6 @@
 
 namespace moekit::kernels::gemm::sm90 {
 
-// Position in the ring: the mbarrier phase parity flips each time the ring wraps.
-template <int STAGES>
-struct Pipe {
-  uint32_t stage = 0, phase = 0;
-  __device__ void advance() {
-    if (++stage == STAGES) stage = 0, phase ^= 1;
-  }
-  // n advances at once: a ping-pong warpgroup passing over the other one's tile (pingpong.cuh).
-  __device__ void skip(int32_t n) {
-    const uint32_t t = stage + uint32_t(n);
-    stage = t % STAGES, phase ^= (t / STAGES) & 1u;
-  }
-};
-
 // Shared-memory addresses of one CTA (shared window, 1024-byte aligned base).
 template <class Cfg>
 struct Smem {
