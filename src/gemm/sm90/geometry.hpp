@@ -56,13 +56,16 @@ struct Config {
   // the two slots of {item, live warpgroups} (int32 each).
   static constexpr uint32_t kItemBarOffset = kBarOffset + 2 * STAGES * 8;
   static constexpr uint32_t kItemSlotOffset = kItemBarOffset + 2 * kItemSlots * 8;
+  // Ping-pong: the consumer warpgroups' turn mbarriers, turn[2] (pingpong.cuh).
+  static constexpr uint32_t kTurnBarOffset = kItemSlotOffset + kItemSlots * 8;
   // +1024: the dynamic-smem base is only guaranteed 16-byte aligned; the kernel rounds it up.
-  static constexpr size_t kSmemBytes = kItemSlotOffset + kItemSlots * 8 + kSwizzleAtomBytes;
+  static constexpr size_t kSmemBytes = kTurnBarOffset + (PINGPONG ? 2 * 8 : 0) + kSwizzleAtomBytes;
   // full: 128 cp.async arrivals (.noinc) + 1 arrive.expect_tx of the TMA thread.
   static constexpr uint32_t kFullArrivals = kProducerThreads + 1;
   // empty: lane 0 of every consumer warp, once its warpgroup's wgmma on the stage completed.
-  // Ping-pong: lane 0 of the owning warpgroup's 4 warps.
+  // Ping-pong: lane 0 of the owning warpgroup's 4 warps (so also a turn's arrivals).
   static constexpr uint32_t kEmptyArrivals = (PINGPONG ? 128 : kConsumerThreads) / 32;
+  static constexpr uint32_t kTurnArrivals = 128 / 32;
   // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot.
   static constexpr uint32_t kItemFullArrivals = 1;
   static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;

@@ -118,6 +118,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_init(sm.item_full(s), Cfg::kItemFullArrivals);
       ptx::mbar_init(sm.item_empty(s), Cfg::kItemEmptyArrivals);
     }
+    if constexpr (PINGPONG)
+      for (uint32_t w = 0; w < 2; ++w) ptx::mbar_init(sm.turn(w), Cfg::kTurnArrivals);
     ptx::mbar_init_fence();
   }
   if (threadIdx.x == kConsumerThreads) {

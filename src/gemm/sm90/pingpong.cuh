@@ -10,9 +10,19 @@
 // and the producer fills the stages in item order. Warpgroup w multiplies the items of ordinal
 // parity w; for the others it advances its Pipe by their K-tiles without waiting (every item of a
 // ping-pong mode has the whole K: no split), so its stage sequence stays the producer's. The stages
-// of its next tile follow the other warpgroup's, so the two alternate on the tensor pipe by the
-// ring's order alone. A stage is released by the 4 warps of the warpgroup that multiplied it
-// (Config::kEmptyArrivals).
+// of its next tile follow the other warpgroup's, so the two alternate on the tensor pipe. A stage
+// is released by the 4 warps of the warpgroup that multiplied it (Config::kEmptyArrivals).
+//
+// The turn: a "full" mbarrier wait names a phase by its parity only, so it is right only if the
+// stage's previous fill (STAGES fills earlier) has completed: a warpgroup that skipped ahead and
+// waited early would see the parity of a fill of the other's tile and read that stage. So the
+// warpgroups take turns at their mainloops through two mbarriers (Smem::turn(w): warpgroup w's
+// turn, 4 arrivals): the one ending its mainloop arrives on the other's once it has seen its own
+// last stage full (every fill before the other's tile has then completed), before it issues that
+// stage's wgmma; the other waits on it before its first stage. Warpgroup 0's first tile needs none.
+// A turn is given once per tile and taken before the next: never two phases apart. (Named barriers,
+// bar.sync / bar.arrive, did the same, and ptxas then kept DGrad's consumers at 168 registers:
+// 1.5 KB of spill.)
 #pragma once
 
 #include <cstdint>
@@ -28,17 +38,19 @@ namespace moekit::kernels::gemm::sm90 {
 
 // acc[m] = A[rows 64m .. 64m + 63 of the tile] · B[BN]ᵀ over the whole K: per stage and k16 slice
 // two wgmma.m64nBNk16, one a set, into one group; one group in flight while the previous stage is
-// handed back. after_first_step() runs once the first group is issued.
-template <class Cfg, bool kBNMajor, class Hook>
+// handed back. after_first_step() runs once the first group is issued; last_stage_full() once the
+// last stage has been seen full, before its group.
+template <class Cfg, bool kBNMajor, class Hook, class LastFull>
 __device__ __forceinline__ void mma_tile_pair(float (&acc)[2][Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                               uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
-                                              Hook&& after_first_step) {
+                                              Hook&& after_first_step, LastFull&& last_stage_full) {
   static_assert(Cfg::kBlockN == 128, "the pair is two m64n128 sets");
   constexpr uint32_t kSetBytes = uint32_t(kWgmmaM * kRowBytes);  // A rows 64 .. 127 of the stage
   uint32_t prev_stage = 0;
   for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
     const uint32_t stage = pipe.stage;
     ptx::mbar_wait(sm.full(stage), pipe.phase);
+    if (kt == k_tiles - 1) last_stage_full();
     __syncwarp();                    // reconverge before the .aligned wgmma instructions
     ptx::fence_proxy_async_smem();   // A landed through cp.async (generic proxy)
     ptx::fence_operands(acc[0]);
@@ -89,6 +101,7 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Smem<Cfg
   ItemRing ring;
   // The loop tests the item at its head (as consume's does): written as for (;;) with a break at
   // the end item, ptxas kept this region to the launch's 168 registers and spilled 1.2 KB.
+  uint32_t turn_phase = 0;
   Item it = take_item(sm, ring, lane);
   for (int32_t ordinal = 0; it.item < items; ++ordinal, it = take_item(sm, ring, lane)) {
     if ((ordinal & 1) != wg) {  // the other warpgroup's tile: its stages pass this one by
@@ -109,7 +122,14 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Smem<Cfg
       epi[0].load_row_data(p, ids[0]);
       epi[1].load_row_data(p, ids[1]);
     };
-    mma_tile_pair<Cfg, b_n_major(M)>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, hook);
+    if (ordinal > 0) {  // this warpgroup's turn
+      ptx::mbar_wait(sm.turn(wg), turn_phase);
+      turn_phase ^= 1;
+    }
+    auto give_turn = [&] {
+      if (lane == 0) ptx::mbar_arrive(sm.turn(wg ^ 1));
+    };
+    mma_tile_pair<Cfg, b_n_major(M)>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, hook, give_turn);
 
     const int32_t n0 = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
 #pragma unroll

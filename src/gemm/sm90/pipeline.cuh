@@ -27,6 +27,7 @@ struct Smem {
   __device__ uint32_t item_full(uint32_t slot) const { return base + Cfg::kItemBarOffset + slot * 8; }
   __device__ uint32_t item_empty(uint32_t slot) const { return base + Cfg::kItemBarOffset + (kItemSlots + slot) * 8; }
   __device__ uint32_t item_slot(uint32_t slot) const { return base + Cfg::kItemSlotOffset + slot * 8; }
+  __device__ uint32_t turn(uint32_t wg) const { return base + Cfg::kTurnBarOffset + wg * 8; }  // ping-pong
 };
 
 // The map of the dynamic shared memory: its base rounded up to a 1024-byte swizzle atom
