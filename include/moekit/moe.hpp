@@ -89,9 +89,6 @@ struct GemmConfig {
   int warps_m = 0, warps_n = 0, stages = 0;
   GemmKernel kernel = GemmKernel::mma_sync;
   Precision precision = Precision::bf16;  // fp8: block_k counts e4m3 elements (one 128-deep scale block)
-  // wgmma only: each consumer warpgroup computes whole tiles, the two alternating (one's epilogue
-  // under the other's mainloop) instead of sharing each tile's rows.
-  bool pingpong = false;
   int threads() const { return 32 * warps_m * warps_n; }
   std::string str() const;
   bool operator==(const GemmConfig&) const = default;

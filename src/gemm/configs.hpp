@@ -23,16 +23,12 @@
   X(64, 128, 64, 2, 4, 4)      \
   X(128, 128, 64, 2, 4, 3)
 
-// The wgmma + TMA kernel (src/gemm/sm90/): X(block_n, stages, pingpong); block_m 128, block_k 64,
-// 12 warps (two consumer warpgroups, one producer). Measured on the H200 at Mixtral T=16384: 601
-// TFLOP/s against 279 for the mma.sync 128-row config (docs/perf/NOTES.md). pingpong: the two
-// consumer warpgroups take alternate 128 x 128 tiles (sm90/pingpong.cuh), so the epilogue leaves
-// the tensor pipe busy: for GEMMs of few K-tiles a tile (Qwen3's down: 12), where the cooperative
-// tile stops the pipe for its epilogue every 12 stages. Unsplit only.
+// The wgmma + TMA kernel (src/gemm/sm90_expert_gemm.*): X(block_n, stages); block_m 128,
+// block_k 64, 12 warps (two consumer warpgroups, one producer). Measured on the H200 at Mixtral
+// T=16384: 601 TFLOP/s against 279 for the mma.sync 128-row config (docs/perf/NOTES.md).
 #define MOEKIT_WGMMA_CONFIGS(X) \
-  X(256, 4, false)              \
-  X(128, 6, false)              \
-  X(128, 6, true)
+  X(256, 4)                     \
+  X(128, 6)
 
 // FP8 (e4m3, block scales): block_k counts e4m3 elements, one or two 128-deep scale blocks, each
 // promoted on its own. The up GEMM's epilogue quantizes whole 128-column groups of act: a tile of

@@ -39,7 +39,7 @@ void in_units(Params& p) {
 
 void launch(Mode mode, const ForwardPlan& plan, const GemmConfig& c, const Params& p, cudaStream_t stream) {
   if (c.kernel == GemmKernel::wgmma)
-    launch_sm90_expert_gemm(mode, p, plan, stream, c.block_n, c.pingpong);
+    launch_sm90_expert_gemm(mode, p, plan, stream, c.block_n);
   else
     launch_mma_sync_gemm(mode, c, p, plan.max_blocks(), stream);
 }

@@ -35,13 +35,11 @@ void launch_expert_down(const ForwardPlan& plan, const void* w2, const float* to
 // mma.sync (src/gemm/mma_sync): any compiled mma_sync config, split-K allowed.
 void launch_mma_sync_gemm(kernels::gemm::Mode mode, const GemmConfig& config, const kernels::gemm::Params& p,
                           int64_t max_blocks, cudaStream_t stream);
-// wgmma + TMA (src/gemm/sm90): plan.block_m() 128, a compiled (block_n, pingpong), split-K only on
-// the cooperative bf16 down GEMM; `plan` gives E (the weights' 4-D TMA view) and max_blocks (the
-// grid bound).
+// wgmma + TMA (src/gemm/sm90): plan.block_m() 128, a compiled block_n, no split-K; `plan` gives E
+// (the weights' 4-D TMA view) and max_blocks (the grid bound).
 void launch_sm90_expert_gemm(kernels::gemm::Mode mode, const kernels::gemm::Params& p, const ForwardPlan& plan,
-                             cudaStream_t stream, int block_n, bool pingpong);
-// The backward's GEMMs on the same kernel (Mode::Dx, UpH: 128 x 256 tiles, 4 stages; DGrad: ping-pong
-// 128 x 128 tiles, 6 stages), over a
+                             cudaStream_t stream, int block_n);
+// The backward's GEMMs on the same kernel (Mode::Dx, DGrad, UpH): 128 x 256 tiles, 4 stages, over a
 // layout of block_m 128 with max_blocks blocks, B the `experts` experts' weights (Dx, DGrad:
 // N-major TMA view; UpH: Up's).
 void launch_sm90_backward_gemm(kernels::gemm::Mode mode, const kernels::gemm::Params& p, int64_t max_blocks,

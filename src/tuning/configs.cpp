@@ -27,12 +27,11 @@ bool tuning::up_config_ok(const GemmConfig& c) {
 
 bool tuning::down_splits_ok(const GemmConfig& down, int splits) {
   if (splits == 1 || down.kernel == GemmKernel::mma_sync) return true;
-  return down.precision == Precision::bf16 && !down.pingpong && splits <= kMaxWgmmaDownSplits;
+  return down.precision == Precision::bf16 && splits <= kMaxWgmmaDownSplits;
 }
 
 std::string GemmConfig::str() const {
-  return std::string(precision == Precision::fp8 ? "fp8-" : "") + (kernel == GemmKernel::wgmma ? "wgmma-" : "") +
-         (pingpong ? "pp-" : "") + "m" + std::to_string(block_m) + "n" +
+  return std::string(precision == Precision::fp8 ? "fp8-" : "") + (kernel == GemmKernel::wgmma ? "wgmma-" : "") + "m" + std::to_string(block_m) + "n" +
          std::to_string(block_n) + "k" + std::to_string(block_k) + "w" + std::to_string(warps_m) + "x" +
          std::to_string(warps_n) + "s" + std::to_string(stages);
 }
@@ -41,8 +40,8 @@ const std::vector<GemmConfig>& compiled_gemm_configs(Precision precision) {
   namespace sm90 = kernels::gemm::sm90;
 #define MK_CONFIG_ENTRY(bm, bn, bk, wm, wn, st) GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync},
   // wgmma: warps_m counts every warp of the CTA (2 consumer warpgroups + 1 producer), warps_n 1.
-#define MK_WGMMA_ENTRY(bn, st, pp) \
-  GemmConfig{sm90::kBlockM, bn, sm90::kBlockK, sm90::kThreads / 32, 1, st, GemmKernel::wgmma, Precision::bf16, pp},
+#define MK_WGMMA_ENTRY(bn, st) \
+  GemmConfig{sm90::kBlockM, bn, sm90::kBlockK, sm90::kThreads / 32, 1, st, GemmKernel::wgmma},
 #define MK_FP8_ENTRY(bm, bn, bk, wm, wn, st) GemmConfig{bm, bn, bk, wm, wn, st, GemmKernel::mma_sync, Precision::fp8},
 #define MK_WGMMA_FP8_ENTRY(bn, st) \
   GemmConfig{sm90::kBlockM, bn, sm90::kFp8BlockK, sm90::kThreads / 32, 1, st, GemmKernel::wgmma, Precision::fp8},

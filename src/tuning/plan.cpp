@@ -61,9 +61,8 @@ void tuning::expect_tile_choice(const MoeShape& shape, const GemmConfig& up, con
                  "must be in [1, " + std::to_string(kMaxDownSplits) + "], got " + std::to_string(down_splits));
   if (!tuning::down_splits_ok(down, down_splits))
     detail::fail(entry, "down_splits",
-                 "the wgmma down GEMM splits K in bf16 only, cooperative (not ping-pong), into at most " +
-                     std::to_string(kMaxWgmmaDownSplits) + " slices; " + down.str() + " got " +
-                     std::to_string(down_splits));
+                 "the wgmma down GEMM splits K in bf16 only, into at most " + std::to_string(kMaxWgmmaDownSplits) +
+                     " slices; " + down.str() + " got " + std::to_string(down_splits));
 }
 
 ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits,

@@ -338,12 +338,12 @@ TEST(TuneRules, CandidatesAreEveryValidPairAndCoverTheHeuristic) {
     SCOPED_TRACE(::testing::Message() << "F=" << shape.inter);
     const std::vector<tuning::TileChoice> cands = tuning::tune_candidates(shape, d);
     // The count, restated: per pair of one block_m, the powers of two up to kMaxDownSplits (the
-    // cooperative bf16 wgmma down: up to 4; a ping-pong down: unsplit) that leave every K-slice a K-tile.
+    // bf16 wgmma down: up to 4) that leave every K-slice a K-tile.
     size_t expected = 0;
     for (const GemmConfig& up : compiled_gemm_configs())
       for (const GemmConfig& down : compiled_gemm_configs()) {
         if (up.block_m != down.block_m) continue;
-        const int most = down.kernel == GemmKernel::mma_sync ? kMaxDownSplits : down.pingpong ? 1 : 4;
+        const int most = down.kernel == GemmKernel::mma_sync ? kMaxDownSplits : 4;
         for (int s = 1; s <= most; s *= 2) expected += s <= (shape.inter + down.block_k - 1) / down.block_k;
       }
     EXPECT_EQ(cands.size(), expected);
@@ -351,7 +351,7 @@ TEST(TuneRules, CandidatesAreEveryValidPairAndCoverTheHeuristic) {
     for (const tuning::TileChoice& c : cands) {
       EXPECT_TRUE(unique.insert({c.up.str(), c.down.str(), c.down_splits}).second) << "duplicate";
       EXPECT_EQ(c.up.block_m, c.down.block_m);
-      if (c.down.kernel == GemmKernel::wgmma) EXPECT_LE(c.down_splits, c.down.pingpong ? 1 : 4);
+      if (c.down.kernel == GemmKernel::wgmma) EXPECT_LE(c.down_splits, 4);
       EXPECT_LE(c.down_splits, (shape.inter + c.down.block_k - 1) / c.down.block_k);
       EXPECT_NO_THROW(plan_forward_with(shape, c.up, c.down, c.down_splits)) << c.up.str() << " " << c.down.str();
     }

@@ -2,7 +2,7 @@
 // CPU oracle, as gemm_test.cu checks the mma.sync kernel: relative-norm error on random data,
 // exact results on small integers, padding rows never written, every assignment row written,
 // adversarial routings (counts 0, 1, BLOCK_M, BLOCK_M+1; K and N not multiples of the tile),
-// many tiles per CTA, and bitwise determinism across runs — for every compiled wgmma tile (block_n, cooperative or ping-pong); and the
+// many tiles per CTA, and bitwise determinism across runs — for every compiled block_n; and the
 // down GEMM split along K (FP32 partial rows, a K-slice past K included).
 //
 // Built for one device run that must explain any failure by itself: each mismatch report names
@@ -37,17 +37,11 @@ constexpr double kDownRelTol = 2.5 / 512;
 // pipeline bug is off by O(1) of the row's scale; rounding is 2^-9 of the element.
 constexpr double kElemRelTol = 1.0 / 64;
 
-// A compiled bf16 tile of the wgmma kernel: its block_n, cooperative or ping-pong.
-struct WgmmaTile {
-  int block_n;
-  bool pingpong;
-  std::string str() const { return std::to_string(block_n) + (pingpong ? " ping-pong" : ""); }
-};
-// Every one of them (the planner's config list); split_k: those that split the down GEMM.
-std::vector<WgmmaTile> wgmma_tiles(bool split_k = false) {
-  std::vector<WgmmaTile> ns;
+// Every compiled block_n of the wgmma kernel (the planner's config list).
+std::vector<int> wgmma_block_ns() {
+  std::vector<int> ns;
   for (const GemmConfig& c : compiled_gemm_configs())
-    if (c.kernel == GemmKernel::wgmma && !(split_k && c.pingpong)) ns.push_back({c.block_n, c.pingpong});
+    if (c.kernel == GemmKernel::wgmma) ns.push_back(c.block_n);
   return ns;
 }
 
@@ -128,9 +122,9 @@ class Sm90GemmTest : public GpuTest {
 
   // splits > 1: the down GEMM split along K (the plan, from the mma.sync config that shares the
   // block_m, sizes y_partials).
-  void run(const Sm90Case& c, WgmmaTile block_n, bool small_ints, int splits = 1) {
+  void run(const Sm90Case& c, int block_n, bool small_ints, int splits = 1) {
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed) + " block_n " + block_n.str() + " T=" + std::to_string(c.T) +
+    SCOPED_TRACE("seed " + std::to_string(seed) + " block_n " + std::to_string(block_n) + " T=" + std::to_string(c.T) +
                  " H=" + std::to_string(c.H) + " F=" + std::to_string(c.F) + " E=" + std::to_string(c.E) +
                  " k=" + std::to_string(c.k) + (small_ints ? " ints" : " random") + " splits " + std::to_string(splits));
     std::mt19937_64 rng(seed);
@@ -139,7 +133,7 @@ class Sm90GemmTest : public GpuTest {
   }
 
   // Up then Down on the device; checks both against the oracle. Returns the outputs (determinism).
-  Outputs run_with_ids(const ForwardPlan& plan, const std::vector<int32_t>& ids, std::mt19937_64& rng, WgmmaTile block_n,
+  Outputs run_with_ids(const ForwardPlan& plan, const std::vector<int32_t>& ids, std::mt19937_64& rng, int block_n,
                        bool small_ints) {
     const MoeShape& s = plan.shape;
     const int64_t TK = s.tokens * s.topk;
@@ -159,7 +153,7 @@ class Sm90GemmTest : public GpuTest {
     up.k_dim = s.hidden;
     up.n_dim = s.inter;
     up.b_expert_stride = 2 * s.inter * s.hidden;
-    detail::launch_sm90_expert_gemm(Mode::Up, up, plan, stream, block_n.block_n, block_n.pingpong);
+    detail::launch_sm90_expert_gemm(Mode::Up, up, plan, stream, block_n);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
 
     const ref::Aligned al = ref::align(ids.data(), s.tokens, s.topk, s.experts, plan.block_m(), plan.max_blocks());
@@ -222,7 +216,7 @@ class Sm90GemmTest : public GpuTest {
       down.partials = ws.y_partials.as<float>();
       MK_CUDA_CHECK(cudaMemset(ws.y_partials.data, 0xff, size_t(S * TK * s.hidden) * 4));
     }
-    detail::launch_sm90_expert_gemm(Mode::Down, down, plan, stream, block_n.block_n, block_n.pingpong);
+    detail::launch_sm90_expert_gemm(Mode::Down, down, plan, stream, block_n);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
     // y_rows, or with split-K the sum of each assignment's partial rows (in double: what
     // combine_partials sums in FP32); a partial never written stays NaN and fails the checks.
@@ -291,7 +285,7 @@ class Sm90GemmTest : public GpuTest {
 };
 
 TEST_F(Sm90GemmTest, RandomData) {
-  for (const WgmmaTile& bn : wgmma_tiles()) {
+  for (int bn : wgmma_block_ns()) {
     run({33, 256, 192, 8, 2, RoutingKind::Uniform}, bn, false);
     run({200, 128, 320, 16, 4, RoutingKind::Uniform}, bn, false);
     run({5, 264, 136, 4, 2, RoutingKind::Uniform}, bn, false);  // K and N not multiples of the tile
@@ -300,7 +294,7 @@ TEST_F(Sm90GemmTest, RandomData) {
 }
 
 TEST_F(Sm90GemmTest, SmallIntegersAreExact) {
-  for (const WgmmaTile& bn : wgmma_tiles()) {
+  for (int bn : wgmma_block_ns()) {
     run({64, 256, 192, 8, 2, RoutingKind::Uniform}, bn, true);
     run({17, 192, 128, 4, 2, RoutingKind::AllOnOne}, bn, true);
     run({150, 520, 264, 3, 2, RoutingKind::Uniform}, bn, true);
@@ -308,7 +302,7 @@ TEST_F(Sm90GemmTest, SmallIntegersAreExact) {
 }
 
 TEST_F(Sm90GemmTest, AdversarialRoutings) {
-  for (const WgmmaTile& bn : wgmma_tiles()) {
+  for (int bn : wgmma_block_ns()) {
     run({300, 128, 128, 16, 2, RoutingKind::AllOnOne}, bn, false);
     run({100, 128, 128, 32, 2, RoutingKind::EmptyExperts}, bn, false);
     run({1, 128, 128, 32, 4, RoutingKind::SingleToken}, bn, false);
@@ -318,7 +312,7 @@ TEST_F(Sm90GemmTest, AdversarialRoutings) {
     int64_t total = 0;
     for (int64_t c : counts) total += c;
     std::mt19937_64 rng(fresh_seed());
-    SCOPED_TRACE("counts 0,1,128,129,0,1,255 block_n " + bn.str());
+    SCOPED_TRACE("counts 0,1,128,129,0,1,255 block_n " + std::to_string(bn));
     run_with_ids(plan_forward_with({total, 136, 200, int64_t(counts.size()), 1}, kPlanConfig, kPlanConfig),
                  routing_with_counts(counts, 1), rng, bn, true);
   }
@@ -328,7 +322,7 @@ TEST_F(Sm90GemmTest, AdversarialRoutings) {
 // stage and item rings wrap many times, and the producer runs ahead into the next tile while the
 // consumers store the previous one.
 TEST_F(Sm90GemmTest, ManyTilesPerCta) {
-  for (const WgmmaTile& bn : wgmma_tiles()) {
+  for (int bn : wgmma_block_ns()) {
     // 6144 rows = 48+ blocks; Up 384/(bn/2) and Down 768/bn column tiles: 144+ items per GEMM.
     run({3072, 768, 384, 4, 2, RoutingKind::Uniform}, bn, true);
     // 24576 rows = 192+ blocks, short K: 384-768 items (Up), 3-6 per CTA, claimed in quick succession.
@@ -337,10 +331,10 @@ TEST_F(Sm90GemmTest, ManyTilesPerCta) {
 }
 
 TEST_F(Sm90GemmTest, BitwiseDeterministic) {
-  for (const WgmmaTile& bn : wgmma_tiles()) {
+  for (int bn : wgmma_block_ns()) {
     const ForwardPlan plan = plan_forward_with({700, 384, 320, 8, 2}, kPlanConfig, kPlanConfig);
     const uint64_t seed = fresh_seed();
-    SCOPED_TRACE("seed " + std::to_string(seed) + " block_n " + bn.str());
+    SCOPED_TRACE("seed " + std::to_string(seed) + " block_n " + std::to_string(bn));
     std::mt19937_64 rng_ids(seed);
     const auto ids = make_routing(RoutingKind::Uniform, 700, 2, 8, rng_ids);
     std::mt19937_64 rng1(seed + 1), rng2(seed + 1);
@@ -358,7 +352,7 @@ TEST_F(Sm90GemmTest, BitwiseDeterministic) {
 // slice past K (F = 136: 3 K-tiles), empty experts, one token, per-expert counts 0, 1, BLOCK_M,
 // BLOCK_M+1, many tiles per CTA, and the partials bitwise the same run to run.
 TEST_F(Sm90GemmTest, SplitKDown) {
-  for (const WgmmaTile& bn : wgmma_tiles(true))
+  for (int bn : wgmma_block_ns())
     for (int S : {2, 4}) {
       run({300, 1000, 520, 4, 2, RoutingKind::Uniform}, bn, false, S);
       run({17, 192, 136, 4, 2, RoutingKind::AllOnOne}, bn, true, S);
@@ -370,7 +364,7 @@ TEST_F(Sm90GemmTest, SplitKDown) {
       int64_t total = 0;
       for (int64_t c : counts) total += c;
       const uint64_t seed = fresh_seed();
-      SCOPED_TRACE("counts 0,1,128,129,0,1,255 block_n " + bn.str() + " splits " + std::to_string(S) +
+      SCOPED_TRACE("counts 0,1,128,129,0,1,255 block_n " + std::to_string(bn) + " splits " + std::to_string(S) +
                    " seed " + std::to_string(seed));
       std::mt19937_64 rng(seed);
       const ForwardPlan plan = plan_forward_with({total, 136, 328, int64_t(counts.size()), 1}, kPlanConfig, kPlanConfig, S);

@@ -132,44 +132,40 @@ void launch_instance(const Params& p_in, const CUtensorMap& b_map, int64_t max_b
 }
 
 // The forward's modes of one config: Up, Down, and (bf16) the training forward's UpSaveH.
-template <int BN, int ST, bool FP8, bool PP = false>
+template <int BN, int ST, bool FP8>
 void launch_forward_instance(Mode mode, const Params& p, const CUtensorMap& b_map, int64_t max_blocks,
                              cudaStream_t stream) {
-  if (mode == Mode::Up) return launch_instance<Mode::Up, BN, ST, FP8, PP>(p, b_map, max_blocks, stream);
+  if (mode == Mode::Up) return launch_instance<Mode::Up, BN, ST, FP8>(p, b_map, max_blocks, stream);
   if (mode == Mode::Down && p.k_splits <= 1)
-    return launch_instance<Mode::Down, BN, ST, FP8, PP>(p, b_map, max_blocks, stream);
+    return launch_instance<Mode::Down, BN, ST, FP8>(p, b_map, max_blocks, stream);
   if constexpr (!FP8) {
-    if constexpr (!PP)
-      if (mode == Mode::Down) return launch_instance<Mode::DownSplitK, BN, ST, FP8>(p, b_map, max_blocks, stream);
-    if (mode == Mode::UpSaveH) return launch_instance<Mode::UpSaveH, BN, ST, FP8, PP>(p, b_map, max_blocks, stream);
+    if (mode == Mode::Down) return launch_instance<Mode::DownSplitK, BN, ST, FP8>(p, b_map, max_blocks, stream);
+    if (mode == Mode::UpSaveH) return launch_instance<Mode::UpSaveH, BN, ST, FP8>(p, b_map, max_blocks, stream);
   }
-  fail("expert_gemm", "plan",
-       "the forward's wgmma GEMMs are Up, Down (bf16, cooperative: also split along K) and (bf16) UpSaveH");
+  fail("expert_gemm", "plan", "the forward's wgmma GEMMs are Up, Down (bf16: also split along K) and (bf16) UpSaveH");
 }
 
 }  // namespace
 
-void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan, cudaStream_t stream, int block_n,
-                             bool pingpong) {
+void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan, cudaStream_t stream, int block_n) {
   if (plan.max_blocks() == 0) return;
 
   // FP8 rows are 2-byte units to TMA as to the kernel (gemm/params.hpp): the same box, the same bytes.
   const CUtensorMap b_map = make_b_map(mode, p, plan.shape.experts, block_n);
   const bool fp8 = plan.precision() == Precision::fp8;
-#define MK_SM90_DISPATCH(bn, st, is_fp8, pp)                                                \
-  if (block_n == bn && fp8 == is_fp8 && pingpong == pp) {                                   \
-    launch_forward_instance<bn, st, is_fp8, pp>(mode, p, b_map, plan.max_blocks(), stream); \
+#define MK_SM90_DISPATCH(bn, st, is_fp8)                                                    \
+  if (block_n == bn && fp8 == is_fp8) {                                                     \
+    launch_forward_instance<bn, st, is_fp8>(mode, p, b_map, plan.max_blocks(), stream);     \
     return;                                                                                 \
   }
-#define MK_SM90_BF16(bn, st, pp) MK_SM90_DISPATCH(bn, st, false, pp)
-#define MK_SM90_FP8(bn, st) MK_SM90_DISPATCH(bn, st, true, false)
+#define MK_SM90_BF16(bn, st) MK_SM90_DISPATCH(bn, st, false)
+#define MK_SM90_FP8(bn, st) MK_SM90_DISPATCH(bn, st, true)
   MOEKIT_WGMMA_CONFIGS(MK_SM90_BF16)
   MOEKIT_WGMMA_FP8_CONFIGS(MK_SM90_FP8)
 #undef MK_SM90_FP8
 #undef MK_SM90_BF16
 #undef MK_SM90_DISPATCH
-  fail("expert_gemm", "plan",
-       "no compiled wgmma config has block_n " + std::to_string(block_n) + (pingpong ? " (ping-pong)" : ""));
+  fail("expert_gemm", "plan", "no compiled wgmma config has block_n " + std::to_string(block_n));
 }
 
 // Dx and UpH: the cooperative 128 x 256 tile. DGrad: ping-pong 128 x 128 tiles (pingpong.cuh), 6

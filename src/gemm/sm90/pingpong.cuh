@@ -2,9 +2,9 @@
 // consumer warpgroup owns whole 128 x BN tiles and the two take alternate tiles of the channel, so
 // one's epilogue runs under the other's mainloop and the tensor pipe does not stop for it (the
 // cooperative consume of kernel.cuh stops it for both warpgroups at once). Made for DGrad, whose
-// SwiGLU-backward epilogue (h loaded, dh and act_w stored) is about half of its tile's time; the
-// forward's unsplit bf16 modes (Up, Down, UpSaveH) take it as a config of their own
-// (gemm/configs.hpp), for GEMMs of few K-tiles a tile.
+// SwiGLU-backward epilogue (h loaded, dh and act_w stored) is about half of its tile's time. (The
+// forward's modes on it, as a config of their own, measured no faster than their cooperative
+// 128 x 256 tile: docs/perf/NOTES.md, "Measured and dropped".)
 //
 // The ring's protocol is the cooperative kernel's: every warp takes every item from the channel,
 // and the producer fills the stages in item order. Warpgroup w multiplies the items of ordinal
