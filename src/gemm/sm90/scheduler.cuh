@@ -18,9 +18,9 @@
 // sit at the end of an expert's last block, so a warpgroup whose first row is padding has no
 // other. The publisher reads those two ids, off the consumers' path (the producer runs stages
 // ahead of them).
-// Protocol per slot: the publisher waits for item_empty (every warp read the slot's previous
-// item), stores, arrives on item_full (release); a warp waits on item_full (acquire), reads, and
-// its lane 0 arrives on item_empty (take_item: two ways of it).
+// Protocol per slot: the publisher waits for item_empty (every thread read the slot's previous
+// item), stores, arrives on item_full (release); every thread waits on item_full (acquire), reads,
+// and arrives on item_empty (take_item).
 #pragma once
 
 #include <cstdint>
@@ -96,25 +96,29 @@ __device__ __forceinline__ void publish_tile(const Params& p, const Smem<Cfg>& s
 // The next unclaimed item, for the claiming thread (its first item is blockIdx.x).
 __device__ __forceinline__ int32_t claim_item(int32_t* tile_counter) { return int32_t(gridDim.x) + atomicAdd(tile_counter, 1); }
 
-// Called by all 32 lanes of a warp: the next item. Every lane reads the slot, then a __syncwarp
-// orders those reads before lane 0's arrival on item_empty (which lets the publisher overwrite it).
-// kLaneZero: lane 0 alone waits, reads, arrives and shuffles the item to its warp, so each read is
-// in program order before the arrival. Both are sound. On the weight-gradient kernel racecheck
-// reported 4 hazards between the slot's store and its reads with the first and none with the
-// second; on the expert GEMM it reports them too where a CTA takes many tiles
-// (Sm90GemmTest.ManyTilesPerCta; docs/perf/NOTES.md, "Known gaps"), none where it takes one or
-// two. The expert GEMM's producer (64 registers) spills with the second. So the weight-gradient
-// kernel takes kLaneZero, the expert GEMM the first.
-template <class Cfg, bool kLaneZero = false>
+// Called by all 32 lanes of a warp: the next item, read by every lane from the slot (a value
+// every lane loads from one shared-memory address ptxas sees is uniform, so the loops after it
+// stay in uniform registers). Who arrives on item_empty:
+//   - lane 0, after a __syncwarp that orders the other lanes' reads before it (the expert GEMM;
+//     item_empty counts kThreads / 32). Sound; racecheck reports it as hazards between the slot's
+//     store and its reads where a CTA takes many tiles (it does not credit the __syncwarp:
+//     Sm90GemmTest.ManyTilesPerCta, docs/perf/NOTES.md "Known gaps").
+//   - kEveryLane: every lane, its read in its own program order before its arrival (the weight-
+//     gradient kernel; item_empty counts kThreads): sound, with nothing for racecheck to miss (not
+//     yet run under it). The expert GEMM's 64-register producer spills 16-48 bytes with this form.
+// (A third form, lane 0 reading alone and shuffling the item to its warp, kept the weight-gradient
+// consumers' loop state in vector registers, the shuffled value not being provably uniform: 120
+// static instructions a k-stage with 16 R2UR moving the wgmma descriptors, against 77 with none.)
+template <class Cfg, bool kEveryLane = false>
 __device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
-  Item it{0, 0};
-  if (!kLaneZero || lane == 0) {
-    ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
-    it = {ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
+  ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
+  const Item it{ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
+  if constexpr (kEveryLane) {
+    ptx::mbar_arrive(sm.item_empty(ring.slot));
+  } else {
+    __syncwarp();
+    if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
   }
-  if constexpr (!kLaneZero) __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
-  if constexpr (kLaneZero) it = {__shfl_sync(0xffffffffu, it.item, 0), __shfl_sync(0xffffffffu, it.live, 0)};
   ring.advance();
   return it;
 }

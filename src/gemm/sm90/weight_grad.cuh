@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGr
     }
     for (uint32_t s = 0; s < kItemSlots; ++s) {
       ptx::mbar_init(sm.item_full(s), Cfg::kItemFullArrivals);
-      ptx::mbar_init(sm.item_empty(s), Cfg::kItemEmptyArrivals);
+      ptx::mbar_init(sm.item_empty(s), kThreads);  // every thread arrives (take_item<Cfg, true>)
     }
     ptx::mbar_init_fence();
   }
