@@ -30,32 +30,27 @@
 #include "gemm/common.cuh"
 #include "gemm/sm90/epilogue.cuh"
 #include "gemm/sm90/layout.hpp"
+#include "gemm/sm90/mainloop.cuh"
 #include "gemm/sm90/pipeline.cuh"
 #include "gemm/sm90/ptx.cuh"
 #include "gemm/sm90/scheduler.cuh"
 
 namespace moekit::kernels::gemm::sm90 {
 
-// acc[m] = A[rows 64m .. 64m + 63 of the tile] · B[BN]ᵀ over the whole K: per stage and k16 slice
-// two wgmma.m64nBNk16, one a set, into one group; one group in flight while the previous stage is
-// handed back. after_first_step() runs once the first group is issued; last_stage_full() once the
-// last stage has been seen full, before its group.
+// acc[m] = A[rows 64m .. 64m + 63 of the tile] · B[BN]ᵀ over the whole K (mainloop.cuh's K loop):
+// per stage and k16 slice two wgmma.m64nBNk16, one a set, into one group. last_stage_full() runs
+// once the last stage has been seen full, before its group.
 template <class Cfg, bool kBNMajor, class Hook, class LastFull>
 __device__ __forceinline__ void mma_tile_pair(float (&acc)[2][Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                               uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
                                               Hook&& after_first_step, LastFull&& last_stage_full) {
   static_assert(Cfg::kBlockN == 128, "the pair is two m64n128 sets");
   constexpr uint32_t kSetBytes = uint32_t(kWgmmaM * kRowBytes);  // A rows 64 .. 127 of the stage
-  uint32_t prev_stage = 0;
-  for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
-    const uint32_t stage = pipe.stage;
-    ptx::mbar_wait(sm.full(stage), pipe.phase);
-    if (kt == k_tiles - 1) last_stage_full();
-    __syncwarp();                    // reconverge before the .aligned wgmma instructions
-    ptx::fence_proxy_async_smem();   // A landed through cp.async (generic proxy)
+  auto fence = [&] {
     ptx::fence_operands(acc[0]);
     ptx::fence_operands(acc[1]);
-    ptx::wgmma_fence();
+  };
+  auto issue = [&](uint32_t stage, int32_t kt) {
     const uint64_t desc_a = desc_advance(desc_a0, stage * Cfg::kABytes);
     const uint64_t desc_b = desc_advance(desc_b0, stage * Cfg::kBBytes);
 #pragma unroll
@@ -68,21 +63,8 @@ __device__ __forceinline__ void mma_tile_pair(float (&acc)[2][Cfg::kAccs], const
       ptx::wgmma_m64n128k16<kBNMajor ? 1 : 0>(acc[1], desc_advance(desc_a, a_bytes + kSetBytes),
                                               desc_advance(desc_b, b_bytes), accumulate);
     }
-    ptx::wgmma_commit();
-    if (kt > 0) {
-      ptx::wgmma_wait<1>();
-      ptx::fence_operands(acc[0]);
-      ptx::fence_operands(acc[1]);
-      if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
-    } else {
-      after_first_step();
-    }
-    prev_stage = stage;
-  }
-  ptx::wgmma_wait<0>();
-  ptx::fence_operands(acc[0]);
-  ptx::fence_operands(acc[1]);
-  if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
+  };
+  wgmma_k_loop(sm, k_tiles, pipe, lane, fence, issue, after_first_step, last_stage_full);
 }
 
 // A ping-pong consumer warpgroup: its tiles of the channel (every other one), mainloop then
