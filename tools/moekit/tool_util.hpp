@@ -148,7 +148,6 @@ inline bool require_hopper(const char* command, const char* why, const char* ins
   return false;
 }
 
-
 // Runs body(i) `warmup` times, then `steps` times between CUDA events, and returns the median
 // step time in ms. All events are recorded up front and read after one final synchronisation:
 // no host sync inside the timed region. `i` counts every call (warm-up included), so a body that
