@@ -95,11 +95,6 @@ struct BackwardPlan {
   // dW2 and dW13 on the wgmma weight-gradient kernel (128 x 256 tiles of dW, both operands read
   // MN-major by cp.async; dw_splits as the mma.sync kernel's): block_m 128 and options.weight_grads.
   bool dw_wgmma = false;
-  // dW2 and dW13 on the same kernel's ping-pong tiles (dw_wgmma only): 128 x 128, each consumer
-  // warpgroup its own tile and the two on alternate tiles, so one's epilogue (the tile's stores)
-  // runs under the other's mainloop, where an expert's few rows make the epilogue a large share of
-  // a tile (tuning::plan_weight_grad_pingpong); else 128 x 256 tiles, both warpgroups on each.
-  bool dw_pingpong = false;
   std::string source;   // "forward:" + the forward plan's source
 
   int64_t max_rows() const { return worst_case_rows(shape, block_m); }
@@ -125,8 +120,7 @@ BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device,
 // Sets each of the backward's GEMMs on the wgmma kernels as asked (h_wgmma, d_wgmma, dx_wgmma,
 // dw_wgmma) where `plan` allows it, as moe_backward validates it: block_m 128, h recomputed, dx
 // computed unsplit, weight gradients computed; the others run on the mma.sync tile. plan_backward
-// calls it with all four (dW's tile, dw_pingpong, the planner's rule for the shape; false without
-// dw_wgmma); use_wgmma_gemms(plan, false, false, false, false) is the mma.sync path
+// calls it with all four; use_wgmma_gemms(plan, false, false, false, false) is the mma.sync path
 // (`moekit bench --backward --backward-mma-sync`, the GPU tests' comparisons).
 void use_wgmma_gemms(BackwardPlan& plan, bool h = true, bool d = true, bool dx = true, bool dw = true);
 

@@ -284,9 +284,6 @@ class BackwardPlan:
     def dw_wgmma(self) -> bool: ...
 
     @property
-    def dw_pingpong(self) -> bool: ...
-
-    @property
     def up(self) -> str: ...
 
     @property

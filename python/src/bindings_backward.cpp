@@ -98,7 +98,6 @@ void bind_backward(nb::module_& m) {
       .def_ro("d_wgmma", &BackwardPlan::d_wgmma)
       .def_ro("dx_wgmma", &BackwardPlan::dx_wgmma)
       .def_ro("dw_wgmma", &BackwardPlan::dw_wgmma)
-      .def_ro("dw_pingpong", &BackwardPlan::dw_pingpong)
       .def_prop_ro("up", [](const BackwardPlan& p) { return p.up.str(); })
       .def_prop_ro("d", [](const BackwardPlan& p) { return p.d.str(); })
       .def_prop_ro("dx", [](const BackwardPlan& p) { return p.dx.str(); })

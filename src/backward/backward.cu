@@ -170,7 +170,7 @@ void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, co
     p.out = g.out.data;
     p.f32 = g.out.dtype == DType::f32;
     p.partials = plan.dw_splits > 1 ? g.partials.as<float>() : nullptr;
-    detail::launch_sm90_weight_grad(p, g.a_by_token, plan.dw_pingpong, stream);
+    detail::launch_sm90_weight_grad(p, g.a_by_token, stream);
   }
 }
 

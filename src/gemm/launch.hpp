@@ -45,9 +45,7 @@ void launch_sm90_expert_gemm(kernels::gemm::Mode mode, const kernels::gemm::Para
 void launch_sm90_backward_gemm(kernels::gemm::Mode mode, const kernels::gemm::Params& p, int64_t max_blocks,
                                int64_t experts, cudaStream_t stream);
 // The backward's weight gradients on wgmma (sm90/weight_grad.cuh): `p` with every field but the
-// tile counts (set here); a_by_token: A is the gathered operand (dW2: dy), else B is (dW13: x);
-// pingpong: the 128 x 128 ping-pong tiles (BackwardPlan::dw_pingpong), else the 128 x 256 ones.
-void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p, bool a_by_token, bool pingpong,
-                             cudaStream_t stream);
+// tile counts (set here); a_by_token: A is the gathered operand (dW2: dy), else B is (dW13: x).
+void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p, bool a_by_token, cudaStream_t stream);
 
 }  // namespace moekit::detail

@@ -35,12 +35,6 @@ int plan_backward_tile_rows(const MoeShape& s, int block_m) {
   return block_m >= 128 && assignments / touched >= kWideTileRowsPerExpert ? 128 : 64;
 }
 
-bool plan_weight_grad_pingpong(const MoeShape& s) {
-  const int64_t assignments = s.tokens * s.topk;
-  const int64_t touched = std::max<int64_t>(1, std::min(s.experts, assignments));
-  return ceil_div(assignments, touched) <= kPingPongWeightGradRowsPerExpert;
-}
-
 int plan_gate_grad_splits(const MoeShape& s, const DeviceInfo& device) {
   const int64_t tiles = ceil_div(s.experts, kWeightGradTileM) * ceil_div(s.hidden, kWeightGradTileN);
   return plan_splits(tiles, ceil_div(s.tokens, kWeightGradTileK), device.sm_count, kMaxGateGradSplits);
@@ -111,13 +105,9 @@ void expect_backward_plan(const BackwardPlan& p, const char* entry) {
   if (p.dw_wgmma && (p.block_m != 128 || !p.options.weight_grads))
     fail(entry, "plan", "dw_wgmma needs block_m 128 and options.weight_grads (got block_m " +
                             std::to_string(p.block_m) + "): make plans with plan_backward");
-  if (p.dw_pingpong && !p.dw_wgmma)
-    fail(entry, "plan", "dw_pingpong needs dw_wgmma (the ping-pong tiles are the wgmma kernel's): make plans with "
-                        "plan_backward");
-  const int64_t dw_tile_n = p.dw_pingpong ? tuning::kWgmmaWeightGradPingPongTileN : tuning::kWgmmaWeightGradTileN;
-  if (p.dw_wgmma && tuning::wgmma_weight_grad_items(p.shape, p.dw_splits, dw_tile_n) > int64_t(INT32_MAX))
+  if (p.dw_wgmma && tuning::wgmma_weight_grad_items(p.shape, p.dw_splits) > int64_t(INT32_MAX))
     fail(entry, "plan", "dw_wgmma: the weight gradients' " +
-                            std::to_string(tuning::wgmma_weight_grad_items(p.shape, p.dw_splits, dw_tile_n)) +
+                            std::to_string(tuning::wgmma_weight_grad_items(p.shape, p.dw_splits)) +
                             " tiles exceed the wgmma kernel's 32-bit work items: make plans with plan_backward");
   if ((p.tile_rows != 16 && p.tile_rows != 64 && p.tile_rows != 128) || p.block_m % p.tile_rows != 0)
     fail(entry, "plan", "tile_rows " + std::to_string(p.tile_rows) + " must be 16, 64 or 128 and divide block_m " +
@@ -150,14 +140,14 @@ std::string BackwardPlan::str() const {
          (o.saved == SavedActivations::recompute ? " up=" + up.str() : "") + " d=" + d.str() +
          (o.input_grad ? " dx=" + dx.str() : "") + (dx_splits > 1 ? " dx_splits=" + std::to_string(dx_splits) : "") +
          (h_wgmma ? " h_gemm=wgmma-m128n256" : "") + (d_wgmma ? " d_gemm=wgmma-m128n256" : "") +
-         (dx_wgmma ? " dx_gemm=wgmma-m128n256" : "") + (dw_wgmma ? (dw_pingpong ? " dw_gemm=wgmma-pp-m128n128" : " dw_gemm=wgmma-m128n256") : "") +
+         (dx_wgmma ? " dx_gemm=wgmma-m128n256" : "") + (dw_wgmma ? " dw_gemm=wgmma-m128n256" : "") +
          (dw_splits > 1 ? " dw_splits=" + std::to_string(dw_splits) : "") +
          (gate_splits > 1 ? " gate_splits=" + std::to_string(gate_splits) : "") + " source=" + source;
 }
 
-int64_t tuning::wgmma_weight_grad_items(const MoeShape& s, int splits, int64_t tile_n) {
-  auto tiles = [&](int64_t m, int64_t n) {
-    return (m + kWgmmaWeightGradTileM - 1) / kWgmmaWeightGradTileM * ((n + tile_n - 1) / tile_n);
+int64_t tuning::wgmma_weight_grad_items(const MoeShape& s, int splits) {
+  auto tiles = [](int64_t m, int64_t n) {
+    return (m + kWgmmaWeightGradTileM - 1) / kWgmmaWeightGradTileM * ((n + kWgmmaWeightGradTileN - 1) / kWgmmaWeightGradTileN);
   };
   // < 2^63: E <= 512, splits <= 8 and each tile count < 2^21 · 2^13 (the shape's limits)
   return s.experts * splits * std::max(tiles(2 * s.inter, s.hidden), tiles(s.hidden, s.inter));
@@ -170,9 +160,6 @@ void use_wgmma_gemms(BackwardPlan& p, bool h, bool d, bool dx, bool dw) {
   p.dx_wgmma = wgmma && dx && p.dx_splits == 1 && p.options.input_grad;
   p.dw_wgmma = wgmma && dw && p.options.weight_grads &&
                tuning::wgmma_weight_grad_items(p.shape, p.dw_splits) <= int64_t(INT32_MAX);
-  p.dw_pingpong = p.dw_wgmma && tuning::plan_weight_grad_pingpong(p.shape) &&
-                  tuning::wgmma_weight_grad_items(p.shape, p.dw_splits, tuning::kWgmmaWeightGradPingPongTileN) <=
-                      int64_t(INT32_MAX);
 }
 
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options) {

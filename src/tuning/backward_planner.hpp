@@ -26,19 +26,11 @@ int plan_gate_grad_splits(const MoeShape& shape, const DeviceInfo& device);
 inline constexpr int64_t kWideTileRowsPerExpert = 1024;
 int plan_backward_tile_rows(const MoeShape& shape, int block_m);
 // The wgmma weight-gradient kernel (src/gemm/sm90/weight_grad.cuh) claims 32-bit work items, one
-// per 128 x tile_n tile of dW13 [2F, H] or dW2 [H, F] per expert and split (tile_n 256, or 128 on
-// the ping-pong tiles): the larger count of the two, E · splits · tiles, which plan_backward keeps
-// within INT32_MAX (else the weight gradients stay on the mma.sync tile, or on the wider tile) and
-// expect_backward_plan checks.
-inline constexpr int64_t kWgmmaWeightGradTileM = 128, kWgmmaWeightGradTileN = 256, kWgmmaWeightGradPingPongTileN = 128;
-int64_t wgmma_weight_grad_items(const MoeShape& shape, int splits, int64_t tile_n = kWgmmaWeightGradTileN);
-// dW on the ping-pong tiles (BackwardPlan::dw_pingpong) where the touched experts average at most
-// kPingPongWeightGradRowsPerExpert rows: an item is then at most 16 K-tiles of 64 rows, and the
-// cooperative tile's epilogue (both warpgroups stopped while 128 x 256 sums are stored) is ~10% of
-// it and more (all of a tile's time but ~1/3 at one K-tile); above, the 128 x 256 tile's fewer L2
-// bytes a FLOP (A read once for 256 columns, not 128) weigh more than an epilogue every 64+ K-tiles.
-inline constexpr int64_t kPingPongWeightGradRowsPerExpert = 1024;
-bool plan_weight_grad_pingpong(const MoeShape& shape);
+// per 128 x 256 tile of dW13 [2F, H] or dW2 [H, F] per expert and split: the larger count of the
+// two, E · splits · tiles, which plan_backward keeps within INT32_MAX (else the weight gradients
+// stay on the mma.sync tile) and expect_backward_plan checks.
+inline constexpr int64_t kWgmmaWeightGradTileM = 128, kWgmmaWeightGradTileN = 256;
+int64_t wgmma_weight_grad_items(const MoeShape& shape, int splits);
 
 }  // namespace moekit::tuning
 

@@ -77,45 +77,6 @@ TEST(PlanBackward, WgmmaWeightGradItemsFit32Bits) {
   EXPECT_TRUE(plan_backward(plan_forward_with(fits, wide, wide), kH200, every_grad()).dw_wgmma);
 }
 
-// dW's ping-pong tiles (BackwardPlan::dw_pingpong) where the touched experts average at most 1024
-// rows (an item of at most 16 K-tiles), the 128 x 256 tile above; refused without dw_wgmma, and
-// not taken where its twice as many items pass 2^31.
-TEST(PlanBackward, WeightGradPingPongAtFewRowsAnExpert) {
-  const GemmConfig& wide = chosen_wgmma_config();
-  auto planned = [&](const MoeShape& s) { return plan_backward(plan_forward_with(s, wide, wide), kH200, every_grad()); };
-  const MoeShape qwen3 = shape_of(kPresets[1], 16384), mixtral = shape_of(kPresets[0], 16384);
-  ASSERT_EQ(qwen3.tokens * qwen3.topk / qwen3.experts, 1024);
-  ASSERT_EQ(mixtral.tokens * mixtral.topk / mixtral.experts, 4096);
-  EXPECT_TRUE(tuning::plan_weight_grad_pingpong(qwen3));
-  EXPECT_FALSE(tuning::plan_weight_grad_pingpong(mixtral));
-  MoeShape qwen3_long = qwen3, mixtral_short = mixtral;
-  qwen3_long.tokens = 16385;   // 1025 rows an expert, rounded up
-  mixtral_short.tokens = 4096;  // 1024
-  EXPECT_FALSE(tuning::plan_weight_grad_pingpong(qwen3_long));
-  EXPECT_TRUE(tuning::plan_weight_grad_pingpong(mixtral_short));
-  EXPECT_TRUE(tuning::plan_weight_grad_pingpong(MoeShape{1, 256, 128, 8, 2}));  // decode: 1 row
-  BackwardPlan pp = planned(qwen3);
-  EXPECT_TRUE(pp.dw_wgmma && pp.dw_pingpong) << pp.str();
-  EXPECT_NE(pp.str().find(" dw_gemm=wgmma-pp-m128n128"), std::string::npos) << pp.str();
-  EXPECT_NO_THROW(detail::expect_backward_plan(pp, "moe_backward"));
-  const BackwardPlan coop = planned(mixtral);
-  EXPECT_TRUE(coop.dw_wgmma && !coop.dw_pingpong) << coop.str();
-  // Mixtral's dW13 [28672, 4096] on 128 x 128 tiles: 224 x 32 an expert.
-  EXPECT_EQ(tuning::wgmma_weight_grad_items(mixtral, 1, tuning::kWgmmaWeightGradPingPongTileN), 8 * 224 * 32);
-  use_wgmma_gemms(pp, true, true, true, false);
-  EXPECT_FALSE(pp.dw_wgmma || pp.dw_pingpong) << "no wgmma dW, no ping-pong tile";
-  pp.dw_pingpong = true;
-  EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(pp, "moe_backward"); }, "plan"));
-  // 128 rows an expert, and 2^31 - 2^21 items on 128 x 256 tiles but ~2^32 on 128 x 128 ones.
-  const MoeShape fits{8192, int64_t(1) << 20, (int64_t(1) << 16) - 128, 512, 8};
-  ASSERT_TRUE(tuning::plan_weight_grad_pingpong(fits));
-  EXPECT_GT(tuning::wgmma_weight_grad_items(fits, 1, tuning::kWgmmaWeightGradPingPongTileN), int64_t(INT32_MAX));
-  BackwardPlan wide_only = planned(fits);
-  EXPECT_TRUE(wide_only.dw_wgmma && !wide_only.dw_pingpong) << wide_only.str();
-  wide_only.dw_pingpong = true;
-  EXPECT_TRUE(throws_naming([&] { detail::expect_backward_plan(wide_only, "moe_backward"); }, "plan"));
-}
-
 TEST(PlanBackward, SplitRulesByHand) {
   // Doubling while the tiles cover 264 CTAs less than twice and each slice keeps 4 K steps.
   EXPECT_EQ(tuning::plan_splits(24, 32, 132, 8), 8);   // 24·4 < 264 and 32/8 = 4

@@ -156,29 +156,23 @@ struct Outputs {
 // Kernel choices a test makes instead of the planner's, each where the plan allows it. The
 // default keeps the planner's plan; mma_sync() runs every GEMM on the mma.sync tile (of tile_rows
 // rows where they divide block_m, 0: the planner's), wgmma(h, d, dx, dw) those asked for on the
-// wgmma kernels (block_m 128; h: recomputed; dx: unsplit) and the rest on the mma.sync tile, dW's
-// wgmma tile (dw_pingpong) the planner's, or as dw_tile asks: 0 the 128 x 256 tile, 1 ping-pong.
+// wgmma kernels (block_m 128; h: recomputed; dx: unsplit) and the rest on the mma.sync tile.
 struct PlanOverride {
   bool planner = true;
   int tile_rows = 0;
   bool h_wgmma = false, d_wgmma = false, dx_wgmma = false, dw_wgmma = false;
-  int dw_tile = -1;
   static PlanOverride mma_sync(int tile_rows = 0) { return {false, tile_rows}; }
-  static PlanOverride wgmma(bool h, bool d, bool dx, bool dw, int dw_tile = -1) {
-    return {false, 0, h, d, dx, dw, dw_tile};
-  }
+  static PlanOverride wgmma(bool h, bool d, bool dx, bool dw) { return {false, 0, h, d, dx, dw}; }
   void apply(BackwardPlan& p) const {
     if (planner) return;
     if (tile_rows && p.block_m % tile_rows == 0) p.tile_rows = tile_rows;
     use_wgmma_gemms(p, h_wgmma, d_wgmma, dx_wgmma, dw_wgmma);
-    if (dw_tile >= 0) p.dw_pingpong = p.dw_wgmma && dw_tile == 1;
   }
 };
-// The planner's kernels (h, D, dx and dW on wgmma wherever block_m is 128; the test shapes' few
-// rows an expert take dW's ping-pong tiles), the same with dW on the 128 x 256 tile, and every
-// GEMM on the mma.sync tile: the planner's rows, then the 128 x 256 tile.
-inline const PlanOverride kPlanVariants[] = {PlanOverride{}, PlanOverride::wgmma(true, true, true, true, 0),
-                                             PlanOverride::mma_sync(), PlanOverride::mma_sync(128)};
+// The planner's kernels (h, D, dx and dW on wgmma wherever block_m is 128), and every GEMM on the
+// mma.sync tile: the planner's rows, then the 128 x 256 tile.
+inline const PlanOverride kPlanVariants[] = {PlanOverride{}, PlanOverride::mma_sync(),
+                                             PlanOverride::mma_sync(128)};
 
 // Each check's error over its bound (<= 1 passes), printed when MOEKIT_BACKWARD_ERRORS is set: how
 // much margin the bounds above leave on the device.

@@ -186,33 +186,29 @@ void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, i
     fail("moe_backward", "plan", "the wgmma backward GEMMs are Dx, DGrad and UpH");
 }
 
-template <bool kATokens, class Cfg>
-void launch_weight_grad_instance(kernels::gemm::KGroupedParams p, cudaStream_t stream) {
-  constexpr auto kernel = sm90::sm90_weight_grad_kernel<kATokens, Cfg>;
-  p.m_tiles = int32_t((p.m_dim + sm90::kWeightGradM - 1) / sm90::kWeightGradM);
-  p.n_tiles = int32_t((p.n_dim + Cfg::kBlockN - 1) / Cfg::kBlockN);
-  const int64_t items = int64_t(p.experts) * p.splits * p.m_tiles * p.n_tiles;  // <= INT32_MAX: expect_backward_plan
-  if (items == 0) return;
+template <bool kATokens>
+void launch_weight_grad_instance(const kernels::gemm::KGroupedParams& p, int64_t items, cudaStream_t stream) {
+  using Cfg = sm90::WeightGradCfg;
+  constexpr auto kernel = sm90::sm90_weight_grad_kernel<kATokens>;
   const int64_t grid = std::min(persistent_sms<Cfg, kernel>(), items);
   MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
   launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p);
 }
 
-void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p, bool a_by_token, bool pingpong,
-                             cudaStream_t stream) {
-  static_assert(sm90::kWeightGradM == tuning::kWgmmaWeightGradTileM &&
-                    sm90::WeightGradCfg::kBlockN == tuning::kWgmmaWeightGradTileN &&
-                    sm90::WeightGradPingPongCfg::kBlockN == tuning::kWgmmaWeightGradPingPongTileN,
-                "the planner's count of the weight-gradient items is this kernel's, on either tile");
+void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_by_token, cudaStream_t stream) {
+  kernels::gemm::KGroupedParams p = p_in;
+  p.m_tiles = int32_t((p.m_dim + sm90::kWeightGradM - 1) / sm90::kWeightGradM);
+  p.n_tiles = int32_t((p.n_dim + sm90::kWeightGradN - 1) / sm90::kWeightGradN);
+  const int64_t items = int64_t(p.experts) * p.splits * p.m_tiles * p.n_tiles;  // <= INT32_MAX: expect_backward_plan
+  if (items == 0) return;
+  static_assert(sm90::kWeightGradM == tuning::kWgmmaWeightGradTileM && sm90::kWeightGradN == tuning::kWgmmaWeightGradTileN,
+                "the planner's count of the weight-gradient items is this kernel's");
   static_assert(2 * std::max(2 * kMaxInter, kMaxHidden) <= int64_t(UINT32_MAX),
                 "the weight-gradient producer forms row bytes (2F or H bf16) in 32 bits");
-  using Coop = sm90::WeightGradCfg;
-  using PingPong = sm90::WeightGradPingPongCfg;
   if (a_by_token)
-    pingpong ? launch_weight_grad_instance<true, PingPong>(p, stream) : launch_weight_grad_instance<true, Coop>(p, stream);
+    launch_weight_grad_instance<true>(p, items, stream);
   else
-    pingpong ? launch_weight_grad_instance<false, PingPong>(p, stream)
-             : launch_weight_grad_instance<false, Coop>(p, stream);
+    launch_weight_grad_instance<false>(p, items, stream);
 }
 
 }  // namespace moekit::detail

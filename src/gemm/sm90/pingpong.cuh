@@ -39,16 +39,13 @@ namespace moekit::kernels::gemm::sm90 {
 
 // acc[m] = A[rows 64m .. 64m + 63 of the tile] · B[BN]ᵀ over the whole K (mainloop.cuh's K loop):
 // per stage and k16 slice two wgmma.m64nBNk16, one a set, into one group. last_stage_full() runs
-// once the last stage has been seen full, before its group. kAMMajor: A is M-major (the weight
-// gradients), its rows 64 .. 127 the stage's second 64-row panel, which is kSetBytes in as well.
-template <class Cfg, bool kBNMajor, bool kAMMajor = false, class Hook, class LastFull>
+// once the last stage has been seen full, before its group.
+template <class Cfg, bool kBNMajor, class Hook, class LastFull>
 __device__ __forceinline__ void mma_tile_pair(float (&acc)[2][Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                               uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
                                               Hook&& after_first_step, LastFull&& last_stage_full) {
   static_assert(Cfg::kBlockN == 128, "the pair is two m64n128 sets");
-  static_assert(!kAMMajor || kBNMajor, "an M-major A is wrapped with an N-major B only");
   constexpr uint32_t kSetBytes = uint32_t(kWgmmaM * kRowBytes);  // A rows 64 .. 127 of the stage
-  static_assert(!kAMMajor || kSetBytes == kMnPanelBytes, "M-major: the second set is A's second panel");
   auto fence = [&] {
     ptx::fence_operands(acc[0]);
     ptx::fence_operands(acc[1]);
@@ -58,15 +55,13 @@ __device__ __forceinline__ void mma_tile_pair(float (&acc)[2][Cfg::kAccs], const
     const uint64_t desc_b = desc_advance(desc_b0, stage * Cfg::kBBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
-      const uint32_t k_bytes = uint32_t(kk * kWgmmaK * 2);
-      const uint32_t a_bytes = kAMMajor ? mn_k16_bytes(kk) : k_bytes;
-      const uint32_t b_bytes = kBNMajor ? mn_k16_bytes(kk) : k_bytes;
+      const uint32_t a_bytes = uint32_t(kk * kWgmmaK * 2);
+      const uint32_t b_bytes = kBNMajor ? mn_k16_bytes(kk) : a_bytes;
       const bool accumulate = kt > 0 || kk > 0;
-      constexpr int kTB = kBNMajor ? 1 : 0, kTA = kAMMajor ? 1 : 0;
-      ptx::wgmma_m64n128k16<kTB, kTA>(acc[0], desc_advance(desc_a, a_bytes), desc_advance(desc_b, b_bytes),
-                                      accumulate);
-      ptx::wgmma_m64n128k16<kTB, kTA>(acc[1], desc_advance(desc_a, a_bytes + kSetBytes),
-                                      desc_advance(desc_b, b_bytes), accumulate);
+      ptx::wgmma_m64n128k16<kBNMajor ? 1 : 0>(acc[0], desc_advance(desc_a, a_bytes), desc_advance(desc_b, b_bytes),
+                                              accumulate);
+      ptx::wgmma_m64n128k16<kBNMajor ? 1 : 0>(acc[1], desc_advance(desc_a, a_bytes + kSetBytes),
+                                              desc_advance(desc_b, b_bytes), accumulate);
     }
   };
   wgmma_k_loop(sm, k_tiles, pipe, lane, fence, issue, after_first_step, last_stage_full);

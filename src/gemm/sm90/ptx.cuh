@@ -170,13 +170,11 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB), "n"(kTransA));
 }
 
-// D[64x128] (+)= A[64x16]·B[128x16]ᵀ, both from shared memory, f32 accumulators; B K-major
-// (kTransB = 0) or N-major (1: the ping-pong DGrad), A K-major or M-major (kTransA = 1: the
-// ping-pong weight gradients).
-template <int kTransB = 0, int kTransA = 0>
+// D[64x128] (+)= A[64x16]·B[128x16]ᵀ, both from shared memory, f32 accumulators; A K-major, B
+// K-major (kTransB = 0) or N-major (1: the ping-pong DGrad).
+template <int kTransB = 0>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   static_assert(kTransB == 0 || kTransB == 1, "imm-trans-b is 0 or 1");
-  static_assert(kTransA == 0 || kTransA == 1, "imm-trans-a is 0 or 1");
   asm volatile(
       "{\n.reg .pred p;\n"
       "setp.ne.b32 p, %66, 0;\n"
@@ -185,9 +183,9 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
       "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
       "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, %64, %65, p, 1, 1, %68, %67;\n}\n"
+      "}, %64, %65, p, 1, 1, 0, %67;\n}\n"
       : MK_WGMMA_ACC64(0)
-      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB), "n"(kTransA));
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"(kTransB));
 }
 
 // D[64x128] (+)= A[64x32]·B[128x32]ᵀ, e4m3 operands from shared memory (K-major, the only layout

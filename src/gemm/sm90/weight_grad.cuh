@@ -30,31 +30,24 @@
 #include "gemm/item_order.hpp"  // grouped_tile
 #include "gemm/sm90/layout.hpp"
 #include "gemm/sm90/mainloop.cuh"
-#include "gemm/sm90/pingpong.cuh"
 #include "gemm/sm90/pipeline.cuh"
 #include "gemm/sm90/ptx.cuh"
 #include "gemm/sm90/scheduler.cuh"
 
 namespace moekit::kernels::gemm::sm90 {
 
-// 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
-// both consumer warpgroups on each tile. The ping-pong config (pingpong.cuh): each consumer
-// warpgroup a whole 128 x 128 tile, the two on alternate items, so one's epilogue runs under the
-// other's mainloop: for items of few K-tiles, where the cooperative tile's epilogue (both
-// warpgroups stopped) is a large share of an item (BackwardPlan::dw_pingpong).
+// 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side).
 using WeightGradCfg = Config<256, 4>;
-using WeightGradPingPongCfg = Config<128, 6, false, true>;
-inline constexpr int kWeightGradM = kBlockM;
+inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
 
 struct WeightGradItem {
   int32_t expert, split, m0, n0;
 };
-template <class Cfg>
 __device__ __forceinline__ WeightGradItem weight_grad_item(const KGroupedParams& p, int32_t item) {
   const int32_t tiles = p.m_tiles * p.n_tiles;
   const GroupedTile<int32_t> t = grouped_tile<int32_t>(item % tiles, p.m_tiles, p.n_tiles);
   item /= tiles;
-  return {item / p.splits, item % p.splits, t.block * kWeightGradM, t.n_tile * Cfg::kBlockN};
+  return {item / p.splits, item % p.splits, t.block * kWeightGradM, t.n_tile * kWeightGradN};
 }
 
 // The item's K range: its split's K-tiles of the expert's rows, from sorted row `first` (K-tile 0)
@@ -124,7 +117,7 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
     const int32_t item = take_item<Cfg, true>(sm, ring, lane).item;
     if (item >= items) break;
     if (t == 0) next = claim_item(p.tile_counter);  // claimed now: its latency hides under the item
-    const WeightGradItem w = weight_grad_item<Cfg>(p, item);
+    const WeightGradItem w = weight_grad_item(p, item);
     const KRange k = k_range(p, w);
     // Lane l's ids of the stage's K rows l and 32 + l, loaded one stage ahead (their latency hides
     // under that stage's copies), and made token rows (id / topk; -1: past the expert's rows, or an
@@ -144,11 +137,16 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
       if (kt + 1 < k.k_tiles) load_ids(row0 + kBlockK);
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
       load_rows<kWeightGradM, kATokens>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, tok, warp, lane);
-      load_rows<Cfg::kBlockN, !kATokens>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, tok, warp, lane);
+      load_rows<kWeightGradN, !kATokens>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, tok, warp, lane);
       ptx::cp_async_arrive_noinc(sm.full(pipe.stage));
     }
   }
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
+}
+
+// The output row (of out_e's m_dim) of this thread's row half h in item w.
+__device__ __forceinline__ int64_t tile_row(const WeightGradItem& w, int wg, int warp, int lane, int h) {
+  return w.m0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h);
 }
 
 // The finished tile to out (or this split's partials) as 8 consecutive columns a lane: each group
@@ -156,15 +154,14 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
 // columns, once for the odd), so a row's stores are 16-byte (bf16) or 2 x 16-byte (FP32) accesses
 // and a quad's cover 64-128 contiguous bytes. Every lane takes part in the shuffles; rows past
 // m_dim and columns past n_dim (a multiple of 8) store nothing.
-// m_set: the first of the 64 output rows (of out_e's m_dim) that acc holds.
 template <class Cfg, class Store>
 __device__ __forceinline__ void store_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
-                                           const WeightGradItem& w, int32_t m_set, int warp, int lane, Store&& store) {
+                                           const WeightGradItem& w, int wg, int warp, int lane, Store&& store) {
   const int q = lane & 3;
   auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t m = m_set + acc_row(warp, lane, 2 * h);
+    const int64_t m = tile_row(w, wg, warp, lane, h);
     const bool row_ok = m < p.m_dim;
     const int64_t row = (int64_t(w.expert) * p.m_dim + m) * p.n_dim;
 #pragma unroll
@@ -187,11 +184,11 @@ __device__ __forceinline__ void store_rows(const KGroupedParams& p, const float 
 // transpose's registers beside a loaded row spill next to the 128 sums.
 template <class Cfg>
 __device__ __forceinline__ void add_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
-                                         const WeightGradItem& w, int32_t m_set, int warp, int lane) {
+                                         const WeightGradItem& w, int wg, int warp, int lane) {
   const int64_t col0 = w.n0 + 2 * (lane & 3);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int64_t m = m_set + acc_row(warp, lane, 2 * h);
+    const int64_t m = tile_row(w, wg, warp, lane, h);
     if (m >= p.m_dim) continue;
     float2* row = reinterpret_cast<float2*>(static_cast<float*>(p.out) + (int64_t(w.expert) * p.m_dim + m) * p.n_dim + col0);
 #pragma unroll
@@ -207,12 +204,12 @@ __device__ __forceinline__ void add_rows(const KGroupedParams& p, const float (&
 // or bf16.
 template <class Cfg>
 __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
-                                                  const WeightGradItem& w, int32_t m_set, int warp, int lane) {
+                                                  const WeightGradItem& w, int wg, int warp, int lane) {
   using Word4 = const uint32_t (&)[4];
-  if (p.accumulate && !p.partials) return add_rows<Cfg>(p, acc, w, m_set, warp, lane);
+  if (p.accumulate && !p.partials) return add_rows<Cfg>(p, acc, w, wg, warp, lane);
   if (p.partials || p.f32) {
     float* out = p.partials ? p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim : static_cast<float*>(p.out);
-    store_rows<Cfg>(p, acc, w, m_set, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
+    store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
       reinterpret_cast<uint4*>(out + i)[0] = make_uint4(e[0], o[0], e[1], o[1]);
       reinterpret_cast<uint4*>(out + i)[1] = make_uint4(e[2], o[2], e[3], o[3]);
     });
@@ -220,7 +217,7 @@ __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const
   }
   auto f = [](uint32_t v) { return __uint_as_float(v); };
   __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-  store_rows<Cfg>(p, acc, w, m_set, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
+  store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
     *reinterpret_cast<uint4*>(out + i) = make_uint4(pack_bf16x2(f(e[0]), f(o[0])), pack_bf16x2(f(e[1]), f(o[1])),
                                                     pack_bf16x2(f(e[2]), f(o[2])), pack_bf16x2(f(e[3]), f(o[3])));
   });
@@ -239,10 +236,9 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
   ItemRing ring;
   Item it = take_item<Cfg, true>(sm, ring, lane);
   while (it.item < items) {
-    const WeightGradItem w = weight_grad_item<Cfg>(p, it.item);
+    const WeightGradItem w = weight_grad_item(p, it.item);
     const KRange k = k_range(p, w);
-    const int32_t m_set = w.m0 + wg * kWgmmaM;
-    const bool live = m_set < p.m_dim;  // a partial last M tile may leave warpgroup 1 none
+    const bool live = w.m0 + wg * kWgmmaM < p.m_dim;  // a partial last M tile may leave warpgroup 1 none
     // Zeroed here (the first wgmma overwrites them where there is K): no accumulator is live from
     // the epilogue to here, the registers the item's bookkeeping needs.
 #pragma unroll
@@ -251,65 +247,14 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
     const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
-    if (live && !adds_nothing) store_weight_grad<Cfg>(p, acc, w, m_set, warp, lane);
+    if (live && !adds_nothing) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
     it = next;
   }
 }
 
-// The ping-pong consumers (Cfg::kPingPong; pingpong.cuh has the protocol): every warp takes every
-// item, warpgroup w multiplies those of ordinal parity w, all 128 x 128 of it (two m64n128 sets,
-// rows m0 .. m0 + 63 and m0 + 64 .. m0 + 127), and passes the other's stages by, their count its
-// item's K-tiles (k_range: the same two loads the producer makes). Warpgroups take turns at their
-// mainloops through Smem::turn; an item with no K-tiles takes its turn and gives it back at once.
-template <class Cfg>
-__device__ __forceinline__ void consume_weight_grad_pingpong(const KGroupedParams& p, const Smem<Cfg>& sm,
-                                                             int32_t items) {
-  static_assert(Cfg::kPingPong, "the ping-pong weight-gradient consumers");
-  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);  // warp-uniform (kernel.cuh)
-  const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
-  const uint64_t desc_a0 = make_desc_mn_sw128(sm.a(0));
-  const uint64_t desc_b0 = make_desc_mn_sw128(sm.b(0));
-  float acc[2][Cfg::kAccs];
-  Pipe<Cfg::kStages> pipe;
-  ItemRing ring;
-  uint32_t turn_phase = 0;
-  Item it = take_item<Cfg, true>(sm, ring, lane);
-  for (int32_t ordinal = 0; it.item < items; ++ordinal, it = take_item<Cfg, true>(sm, ring, lane)) {
-    const WeightGradItem w = weight_grad_item<Cfg>(p, it.item);
-    const KRange k = k_range(p, w);
-    if ((ordinal & 1) != wg) {  // the other warpgroup's item: its stages pass this one by
-      pipe.skip(k.k_tiles);
-      continue;
-    }
-    if (ordinal > 0) {  // this warpgroup's turn
-      ptx::mbar_wait(sm.turn(wg), turn_phase);
-      turn_phase ^= 1;
-    }
-    auto give_turn = [&] {
-      if (lane == 0) ptx::mbar_arrive(sm.turn(wg ^ 1));
-    };
-    // Zeroed at every item, as consume_weight_grad's: else the sums are live from one item's
-    // epilogue, which reads them as words, into the next one's wgmma (the "+f" operands), and
-    // ptxas serialises the wgmma around the moves that makes (C7514).
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int i = 0; i < Cfg::kAccs; ++i) acc[m][i] = 0.0f;
-    if (k.k_tiles > 0)
-      mma_tile_pair<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, [] {}, give_turn);
-    else
-      give_turn();
-    if (p.accumulate && !p.partials && k.k_tiles == 0) continue;  // adds nothing (consume_weight_grad)
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      const int32_t m_set = w.m0 + m * kWgmmaM;
-      if (m_set < p.m_dim) store_weight_grad<Cfg>(p, acc[m], w, m_set, warp, lane);
-    }
-  }
-}
-
-template <bool kATokens, class Cfg>
+template <bool kATokens>
 __global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGroupedParams p) {
+  using Cfg = WeightGradCfg;
   extern __shared__ unsigned char smem_raw[];
   // The expert GEMM kernel's barriers (kernel.cuh), its "full" expecting the cp.async arrivals only.
   if (threadIdx.x == 0) {
@@ -322,8 +267,6 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGr
       ptx::mbar_init(sm.item_full(s), Cfg::kItemFullArrivals);
       ptx::mbar_init(sm.item_empty(s), kThreads);  // every thread arrives (take_item<Cfg, true>)
     }
-    if constexpr (Cfg::kPingPong)
-      for (uint32_t w = 0; w < 2; ++w) ptx::mbar_init(sm.turn(w), Cfg::kTurnArrivals);
     ptx::mbar_init_fence();
   }
   dev::pdl_enter();  // launched with PDL: the rows, their order and the counts come from predecessors
@@ -335,10 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGr
     produce_weight_grad<kATokens>(p, smem_layout<Cfg>(smem_raw), items);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    if constexpr (Cfg::kPingPong)
-      consume_weight_grad_pingpong(p, smem_layout<Cfg>(smem_raw), items);
-    else
-      consume_weight_grad(p, smem_layout<Cfg>(smem_raw), items);
+    consume_weight_grad(p, smem_layout<Cfg>(smem_raw), items);
   }
 }
 
