@@ -176,7 +176,6 @@ struct BackwardWorkspace {
   Tensor d_logits;          // [T, 2·Ep] bf16 (Ep = experts_padded()): the router's gradient (RouterGrad::gate)
                             // as its high and low bf16 parts, hi = bf16(d) in [0, E), lo = bf16(d − hi) in
                             // [Ep, Ep + E), zeros past E: the gate GEMMs' operand on the tensor cores
-  Tensor dx_router;         // [T, H] f32: d_logits·w_gate, the router's part of dx (gate, input_grad)
   Tensor gate_partials;     // [S, E, H] f32: d_w_gate's split-K partials (gate, gate_splits > 1)
   Tensor expert_row_start;  // [E + 1] i32: each expert's first sorted row (the padded counts' prefix
                             // sum), the dW GEMMs' K ranges (weight_grads)

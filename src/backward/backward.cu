@@ -4,8 +4,9 @@
 //   1. h = x·W13ᵀ in sorted order (SavedActivations::recompute)            ragged.cuh
 //   2. D = dy·W2 with the SwiGLU-backward epilogue: dh, act_w, dw_partials  ragged.cuh
 //   3. d_topk_weights = Σ_tile dw_partials                                  reduce.cuh
-//   4. the router: d_logits, and with ::gate d_w_gate and dx_router        router_grad.cuh
-//   5. dx_rows = dh·W13, then dx = Σ_j dx_rows (+ dx_router)                ragged.cuh, reduce.cuh
+//   4. the router: d_logits, and with ::gate d_w_gate                      router_grad.cuh
+//   5. dx_rows = dh·W13, then dx = Σ_j dx_rows (+ d_logits·w_gate with ::gate) ragged.cuh, reduce.cuh,
+//                                                                           router_grad.cuh
 //   6. dW2 and dW13 over each expert's sorted rows (+ split-K sums)         weight_grad.cuh or sm90/weight_grad.cuh
 // Every kernel is launched with PDL (common/launch.hpp) and waits before it reads: no allocation,
 // no host synchronisation, capturable in a CUDA graph. Grids cover the worst-case rows; the rows
@@ -284,8 +285,9 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     launch_pdl("router_grad_kernel", kb::router_grad_kernel, dim3(unsigned(cdiv(T, kb::kRouterWarps))),
                dim3(kb::kRouterWarps * 32), 0, stream, p);
   }
+  kb::GateGradParams gp{};  // with ::gate also the router's part of dx (5.)
   if (gate) {
-    kb::GateGradParams p{};
+    kb::GateGradParams& p = gp;
     p.d_logits_split = ws.d_logits.as<const kb::bf16>();
     p.x = x;
     p.w_gate = in.w_gate.data;
@@ -294,14 +296,10 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     p.experts = int(E), p.experts_padded = int(plan.experts_padded());
     p.splits = plan.gate_splits;
     p.d_w_gate = weight_out(grads.d_w_gate, ws.gate_partials, plan.gate_splits, false, E, H, 1);
-    p.dx_router = ws.dx_router.as<float>();
     launch_pdl("d_w_gate_kernel", kb::d_w_gate_kernel,
                dim3(unsigned(cdiv(E, 64) * cdiv(H, 64)), 1, unsigned(plan.gate_splits)), dim3(kb::kThreads), 0,
                stream, p);
     if (plan.gate_splits > 1) launch_split_sum(ws.gate_partials, plan.gate_splits, grads.d_w_gate, false, stream);
-    if (o.input_grad)
-      launch_pdl("dx_router_kernel", p.w_gate_f32 ? kb::dx_router_kernel<true> : kb::dx_router_kernel<false>,
-                 dim3(unsigned(cdiv(T, 64)), unsigned(cdiv(H, 64))), dim3(kb::kThreads), 0, stream, p);
   }
 
   // 5. dx.
@@ -327,13 +325,17 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     kb::DxCombineParams c{};
     c.dx_rows = ws.dx_rows.as<const kb::bf16>();
     c.dx_partials = ws.dx_partials.as<const float>();
-    c.dx_router = gate ? ws.dx_router.as<const float>() : nullptr;
     c.topk_ids = in.topk_ids.as<const int32_t>();
     c.dx = grads.dx.as<kb::bf16>();
     c.tokens = T, c.hidden = H;
     c.topk = int(s.topk), c.splits = plan.dx_splits, c.experts = int(E);
-    launch_pdl("dx_combine_kernel", kb::dx_combine_kernel, dim3(unsigned(cdiv(T * (H / 8), kb::kReduceThreads))),
-               dim3(kb::kReduceThreads), 0, stream, c);
+    if (gate)  // the router's part summed in the same kernel: it never goes through memory
+      launch_pdl("dx_router_combine_kernel",
+                 gp.w_gate_f32 ? kb::dx_router_combine_kernel<true> : kb::dx_router_combine_kernel<false>,
+                 dim3(unsigned(cdiv(T, 64)), unsigned(cdiv(H, 64))), dim3(kb::kThreads), 0, stream, gp, c);
+    else
+      launch_pdl("dx_combine_kernel", kb::dx_combine_kernel, dim3(unsigned(cdiv(T * (H / 8), kb::kReduceThreads))),
+                 dim3(kb::kReduceThreads), 0, stream, c);
   }
 
   // 6. dW2 and dW13.

@@ -92,11 +92,11 @@ struct DwReduceParams {
   int tiles, experts;
 };
 
-// dx[t] = Σ_j (Σ_s) rows of t's valid slots, j outer, s inner, + dx_router[t]; FP32, bf16 out.
+// dx[t] = Σ_j (Σ_s) rows of t's valid slots, j outer, s inner (+ the router's part, summed in the
+// router's dx kernel); FP32, bf16 out.
 struct DxCombineParams {
   const bf16* dx_rows;        // [T·k, H] (splits == 1)
   const float* dx_partials;   // [S, T·k, H] (splits > 1)
-  const float* dx_router;     // [T, H] or null
   const int32_t* topk_ids;    // [T·k]
   bf16* dx;                   // [T, H]
   int64_t tokens, hidden;
@@ -131,8 +131,9 @@ struct RouterGradParams {
   float scale;  // the routed scaling factor
 };
 
-// d_w_gate [E, H] = Σ_t d_logitsᵀ·x (K = 2T: token t's hi and lo rows), and dx_router [T, H] =
-// d_logits·w_gate (K = 2·Ep with a bf16 w_gate: hi, lo; 4·Ep with f32: (hi, lo)·w_hi, (hi, lo)·w_lo).
+// d_w_gate [E, H] = Σ_t d_logitsᵀ·x (K = 2T: token t's hi and lo rows), and the router's part of dx
+// [T, H] = d_logits·w_gate (K = 2·Ep with a bf16 w_gate: hi, lo; 4·Ep with f32: (hi, lo)·w_hi,
+// (hi, lo)·w_lo), added to the experts' part in the same kernel (dx_router_combine_kernel).
 struct GateGradParams {
   const bf16* d_logits_split;  // [T, 2·Ep]
   const bf16* x;               // [T, H]
@@ -142,7 +143,6 @@ struct GateGradParams {
   int experts, experts_padded;
   WeightOut d_w_gate;          // rows E, cols H, experts 1
   int splits;                  // of d_w_gate's K
-  float* dx_router;            // [T, H]
 };
 
 }  // namespace moekit::kernels::backward

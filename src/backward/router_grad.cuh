@@ -7,8 +7,11 @@
 //                        tensor cores at nearly FP32 precision (hi + lo is d within 2^-16);
 //   d_w_gate_kernel    — d_w_gate [E, H] = Σ_t d_logits[t]ᵀ·x_t, K = 2T (each token's hi and lo
 //                        rows), 64 x 64 tiles, split-K partials with gate_splits > 1;
-//   dx_router_kernel   — dx_router [T, H] = d_logits·w_gate, K = the parts of d_logits times the
-//                        parts of w_gate (bf16: w; f32: its hi and lo parts), f32 out.
+//   dx_router_combine_kernel — dx [T, H] = Σ_j dx_rows + d_logits·w_gate: the router's part on the
+//                        tensor cores (K = the parts of d_logits times the parts of w_gate; bf16: w,
+//                        f32: its hi and lo parts), kept in FP32 through shared memory, and added to
+//                        the experts' part summed as dx_combine_kernel sums it (reduce.cuh), bf16
+//                        out: the router's part never goes through memory.
 // Every sum is in a fixed order (the warp's butterfly, K order): deterministic.
 #pragma once
 
@@ -19,6 +22,7 @@
 
 #include "backward/loaders.cuh"
 #include "backward/params.hpp"
+#include "backward/reduce.cuh"
 #include "backward/tile.cuh"
 #include "backward/weight_grad.cuh"
 #include "common/device.cuh"
@@ -150,9 +154,11 @@ struct ExpertRowsF32 {
 };
 
 // grid: (ceil(T/64), ceil(H/64)). A = d_logits_split rows [T, 2·Ep] (K-major; with an f32 w_gate
-// read twice: K column k >= 2·Ep is column k − 2·Ep).
+// read twice: K column k >= 2·Ep is column k − 2·Ep). dx of the tile: per 8 columns of a token, the
+// experts' part (add_slots: its slots in order, from zero), then the router's part, rounded once:
+// the sums and their order dx_combine_kernel followed with the router's part from memory.
 template <bool kF32>
-__global__ void __launch_bounds__(kThreads) dx_router_kernel(const GateGradParams p) {
+__global__ void __launch_bounds__(kThreads) dx_router_combine_kernel(const GateGradParams p, const DxCombineParams c) {
   using Cfg = Tile<64, 64, 2, 2, Major::K, Major::MN>;
   dev::pdl_enter();
   __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
@@ -173,20 +179,31 @@ __global__ void __launch_bounds__(kThreads) dx_router_kernel(const GateGradParam
     const MNRows<ExpertRows> b(ExpertRows{w, p.hidden, k_dim, p.experts, p.experts_padded}, w, n0, p.hidden, tid);
     k_loop(mma, smem, a, b, 0, k_tiles);
   }
+  // The router's 64 x 64 part into the ring's memory (k_loop ends with every copy landed and a
+  // barrier: no warp reads the ring any more).
+  constexpr int kStride = 64 + 4;  // floats a row: float2 stores a quad apart land in distinct banks
+  static_assert(64 * kStride * 4 <= Cfg::kSmemBytes, "the router's part fits the ring");
+  float* part = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int i = 0; i < Cfg::MI; ++i)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t t = m0 + mma.row(i, h);
-      if (t >= p.tokens) continue;
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int f = 0; f < Cfg::NI; ++f) {
-        const int64_t n = n0 + mma.col(f);
-        if (n < p.hidden)
-          *reinterpret_cast<float2*>(p.dx_router + t * p.hidden + n) =
-              make_float2(mma.acc[i][f][2 * h], mma.acc[i][f][2 * h + 1]);
-      }
-    }
+      for (int f = 0; f < Cfg::NI; ++f)
+        *reinterpret_cast<float2*>(part + mma.row(i, h) * kStride + mma.col(f)) =
+            make_float2(mma.acc[i][f][2 * h], mma.acc[i][f][2 * h + 1]);
+  __syncthreads();
+#pragma unroll
+  for (int v = tid; v < 64 * 8; v += kThreads) {  // 8 columns of a token a step, 8 threads a row
+    const int r = v / 8, c8 = (v % 8) * 8;
+    const int64_t t = m0 + r, col = n0 + c8;
+    if (t >= p.tokens || col >= p.hidden) continue;  // hidden is a multiple of 8
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    add_slots(c, t, col, s);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) s[q] += part[r * kStride + c8 + q];
+    store_dx(c, t, col, s);
+  }
 }
 
 }  // namespace moekit::kernels::backward

@@ -22,7 +22,6 @@ BackwardWorkspace lay_out_backward_workspace(const BackwardPlan& p, Pieces& piec
   ws.dx_rows = pieces.add(DType::bf16, {tk, H}, o.input_grad && p.dx_splits == 1);
   ws.dx_partials = pieces.add(DType::f32, {int64_t(p.dx_splits), tk, H}, o.input_grad && p.dx_splits > 1);
   ws.d_logits = pieces.add(DType::bf16, {s.tokens, 2 * p.experts_padded()}, gate);
-  ws.dx_router = pieces.add(DType::f32, {s.tokens, H}, gate && o.input_grad);
   ws.gate_partials = pieces.add(DType::f32, {int64_t(p.gate_splits), E, H}, gate && p.gate_splits > 1);
   ws.expert_row_start = pieces.add(DType::i32, {E + 1}, o.weight_grads);
   const bool dw_split = o.weight_grads && p.dw_splits > 1;

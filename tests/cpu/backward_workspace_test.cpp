@@ -28,7 +28,6 @@ std::vector<View> views_of(const BackwardWorkspace& ws) {
           {"dx_rows", ws.dx_rows},
           {"dx_partials", ws.dx_partials},
           {"d_logits", ws.d_logits},
-          {"dx_router", ws.dx_router},
           {"gate_partials", ws.gate_partials},
           {"expert_row_start", ws.expert_row_start},
           {"dw13_partials", ws.dw13_partials},
@@ -58,7 +57,6 @@ int64_t bytes_by_hand(const BackwardPlan& p) {
   n += rounded(p.d_col_tiles() * tk * 4) + rounded(tk * 4);
   if (o.input_grad) n += p.dx_splits == 1 ? rounded(tk * H * 2) : rounded(p.dx_splits * tk * H * 4);
   if (gate) n += rounded(s.tokens * 2 * ((E + 7) / 8 * 8) * 2);  // d_logits: bf16 hi | lo, E padded to 8
-  if (gate && o.input_grad) n += rounded(s.tokens * H * 4);
   if (gate && p.gate_splits > 1) n += rounded(p.gate_splits * E * H * 4);
   if (o.weight_grads) n += rounded((E + 1) * 4);
   if (o.weight_grads && p.dw_splits > 1) n += rounded(p.dw_splits * E * 2 * F * H * 4) + rounded(p.dw_splits * E * H * F * 4);
@@ -105,7 +103,6 @@ TEST(BackwardWorkspace, ViewsAreWhatThePlanNeedsAlignedAndDisjoint) {
       if (ws.dx_partials.given()) EXPECT_TRUE(is(ws.dx_partials, DType::f32, {p.dx_splits, tk, H}));
       EXPECT_EQ(ws.d_logits.given(), gate);
       if (ws.d_logits.given()) EXPECT_TRUE(is(ws.d_logits, DType::bf16, {T, 2 * p.experts_padded()}));
-      EXPECT_EQ(ws.dx_router.given(), gate && o.input_grad);
       EXPECT_EQ(ws.gate_partials.given(), gate && p.gate_splits > 1);
       EXPECT_EQ(ws.expert_row_start.given(), o.weight_grads);
       if (ws.expert_row_start.given()) EXPECT_TRUE(is(ws.expert_row_start, DType::i32, {E + 1}));
