@@ -66,7 +66,9 @@ struct Config {
   // Ping-pong: lane 0 of the owning warpgroup's 4 warps (so also a turn's arrivals).
   static constexpr uint32_t kEmptyArrivals = (PINGPONG ? 128 : kConsumerThreads) / 32;
   static constexpr uint32_t kTurnArrivals = 128 / 32;
-  // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot.
+  // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot
+  // (the weight-gradient kernel inits it with kThreads instead: every thread arrives, take_item's
+  // kEveryLane form).
   static constexpr uint32_t kItemFullArrivals = 1;
   static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
   // 128·64 + 256·216 = 63488 <= the 384 × kLaunchRegs registers the CTA is launched with. The producer

@@ -104,8 +104,9 @@ __device__ __forceinline__ int32_t claim_item(int32_t* tile_counter) { return in
 //     store and its reads where a CTA takes many tiles (it does not credit the __syncwarp:
 //     Sm90GemmTest.ManyTilesPerCta, docs/perf/NOTES.md "Known gaps").
 //   - kEveryLane: every lane, its read in its own program order before its arrival (the weight-
-//     gradient kernel; item_empty counts kThreads): sound, with nothing for racecheck to miss (not
-//     yet run under it). The expert GEMM's 64-register producer spills 16-48 bytes with this form.
+//     gradient kernel; item_empty counts kThreads): sound, with nothing for racecheck to miss
+//     (racecheck of BackwardTest.RaggedGemmsOnWgmma: 0 hazards). The expert GEMM's 64-register
+//     producer spills 16-48 bytes with this form.
 // (A third form, lane 0 reading alone and shuffling the item to its warp, kept the weight-gradient
 // consumers' loop state in vector registers, the shuffled value not being provably uniform: 120
 // static instructions a k-stage with 16 R2UR moving the wgmma descriptors, against 77 with none.)
