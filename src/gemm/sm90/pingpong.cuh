@@ -39,8 +39,11 @@ namespace moekit::kernels::gemm::sm90 {
 
 // acc[m] = A[rows 64m .. 64m + 63 of the tile] · B[BN]ᵀ over the whole K (mainloop.cuh's K loop):
 // per stage and k16 slice two wgmma.m64nBNk16, one a set, into one group. last_stage_full() runs
-// once the last stage has been seen full, before its group.
-template <class Cfg, bool kBNMajor, class Hook, class LastFull>
+// once the last stage has been seen full, before its group. kSet1: whether rows 64 .. 127 have a
+// real row (the padding after an expert's rows fills a block's end); else only set 0 is issued and
+// acc[1] is left as it was. A template parameter, so each K loop issues its wgmma unconditionally:
+// under a runtime branch ptxas injects warpgroup.arrive around them (C7519).
+template <class Cfg, bool kBNMajor, bool kSet1, class Hook, class LastFull>
 __device__ __forceinline__ void mma_tile_pair(float (&acc)[2][Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
                                               uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
                                               Hook&& after_first_step, LastFull&& last_stage_full) {
@@ -60,8 +63,9 @@ __device__ __forceinline__ void mma_tile_pair(float (&acc)[2][Cfg::kAccs], const
       const bool accumulate = kt > 0 || kk > 0;
       ptx::wgmma_m64n128k16<kBNMajor ? 1 : 0>(acc[0], desc_advance(desc_a, a_bytes), desc_advance(desc_b, b_bytes),
                                               accumulate);
-      ptx::wgmma_m64n128k16<kBNMajor ? 1 : 0>(acc[1], desc_advance(desc_a, a_bytes + kSetBytes),
-                                              desc_advance(desc_b, b_bytes), accumulate);
+      if constexpr (kSet1)
+        ptx::wgmma_m64n128k16<kBNMajor ? 1 : 0>(acc[1], desc_advance(desc_a, a_bytes + kSetBytes),
+                                                desc_advance(desc_b, b_bytes), accumulate);
     }
   };
   wgmma_k_loop(sm, k_tiles, pipe, lane, fence, issue, after_first_step, last_stage_full);
@@ -111,13 +115,19 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Smem<Cfg
     auto give_turn = [&] {
       if (lane == 0) ptx::mbar_arrive(sm.turn(wg ^ 1));
     };
-    mma_tile_pair<Cfg, b_n_major(M)>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, hook, give_turn);
+    // Rows 64 .. 127 all padding (publish_tile's live bit 1): half the tensor work, no epilogue.
+    const bool set1 = (it.live >> 1) & 1;
+    if (set1)
+      mma_tile_pair<Cfg, b_n_major(M), true>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, hook, give_turn);
+    else
+      mma_tile_pair<Cfg, b_n_major(M), false>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, hook, give_turn);
 
     const int32_t n0 = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        if (m == 1 && !set1) continue;
         const int32_t out_row = epi[m].out_row(row0 + m * kWgmmaM + acc_row(warp, lane, 2 * h), ids[m][h]);
         epi[m].store(p, acc[m], h, ids[m][h], out_row, n0, lane);
       }
