@@ -22,10 +22,25 @@ __device__ __forceinline__ int32_t ld_shared_u32(uint32_t addr) {
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
+// Four consecutive words (16-byte aligned): one LDS.128, a broadcast when a warp's lanes share addr.
+__device__ __forceinline__ void ld_shared_v4(uint32_t addr, int32_t (&v)[4]) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(addr)
+               : "memory");
+}
 __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
+}
+
+// a · b + c with a 64-bit product of 32-bit a and b: one IMAD.WIDE.U32 (C++'s uint64_t(a) * b + c
+// leaves an add of the product's zero high word behind it).
+__device__ __forceinline__ uint64_t mad_wide_u32(uint32_t a, uint32_t b, uint64_t c) {
+  uint64_t d;
+  asm("mad.wide.u32 %0, %1, %2, %3;\n" : "=l"(d) : "r"(a), "r"(b), "l"(c));
+  return d;
 }
 
 // ---- mbarrier ----------------------------------------------------------------------------------

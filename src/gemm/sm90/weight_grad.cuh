@@ -17,8 +17,9 @@
 // values and B's 256 N values of each row, written straight into the N-major 128-byte-swizzled
 // panels wgmma reads with imm-trans (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64
 // values). A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
-// A. The gathered operand's rows come from sorted_ids (2 ids a lane a stage, shuffled to the
-// lanes that copy each row). Rows past the expert's count, ids of no assignment and columns past
+// A. The gathered operand's rows come from sorted_ids through a table in shared memory (one id a
+// lane a stage, GatherRows), so a lane's copies are independent of each other: the producer's
+// instructions, not the memory, limited this kernel when each copy waited on a shuffle. Rows past the expert's count, ids of no assignment and columns past
 // the output are zero-filled, so tails add exact zeros and nothing outside the expert's rows is
 // read. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
 #pragma once
@@ -36,9 +37,29 @@
 
 namespace moekit::kernels::gemm::sm90 {
 
-// 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side).
-using WeightGradCfg = Config<256, 4>;
+// 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
+// plus each producer warp's table of the token rows it gathers in a stage (16 int32, see GatherRows).
+struct WeightGradCfg : Config<256, 4> {
+  static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
+  static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 4;
+  static constexpr size_t kSmemBytes = kRowTableOffset + kRowTableBytes + kSwizzleAtomBytes;
+};
 inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
+
+// How a producer warp copies an operand W values wide (load_rows): a warp-wide cp.async is 32
+// chunks of 16 bytes, W / 8 a row, so it covers kRowsAtOnce rows, and warp w copies the stage's K
+// rows w·kRowsAtOnce + s + kStep·i (s < kRowsAtOnce, i < kIters): 16 of the 64. For the gathered
+// operand, lane l < 16 of the warp finds the token row of the l-th of them (s = l / kIters,
+// i = l % kIters) and writes it to the warp's table at l; a lane copying rows s + kStep·i then reads
+// its kIters token rows as consecutive words (LDS.128, the same address across the row's lanes).
+template <int W>
+struct GatherRows {
+  static constexpr int kRowChunks = W / 8, kRowsAtOnce = 32 / kRowChunks, kStep = 4 * kRowsAtOnce;
+  static constexpr int kIters = kBlockK / kStep;
+  static_assert(32 % kRowChunks == 0 && kBlockK % kStep == 0 && (kStep == 4 || kStep == 8), "a warp copies whole rows");
+  static_assert(kRowsAtOnce * kIters == 16 && kIters % 4 == 0, "16 rows a warp, read 4 at a time");
+  __device__ static int table_row(int warp, int l) { return warp * kRowsAtOnce + l / kIters + kStep * (l % kIters); }
+};
 
 struct WeightGradItem {
   int32_t expert, split, m0, n0;
@@ -64,51 +85,62 @@ __device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightG
 }
 
 // One stage's K rows [row0, row0 + 64) of an operand W values wide from column mn0, by the
-// producer warp `warp` (0..3): a warp's cp.async is 32 chunks of 16 bytes, W / 8 chunks a row, so
-// it copies 256 / W rows at once, and a lane copies K rows r0 + kStep·i. kByToken: row r is a token
-// row, tok[0] and tok[1] of lane r % 32 (r < 32, r >= 32; -1: no row, zero-filled); else one pointer
-// walks the rows. A copy is then a shuffle, a multiply-add and the cp.async: what stays in
-// registers across the K loop is a lane's two shared-memory bases (mn_parity_base) and its bounds.
+// producer warp `warp` (0..3): lane l copies chunk l % (W / 8) of K rows r0 + kStep·i (GatherRows).
+// kByToken: the rows' token rows are the warp's table (-1: no row, zero-filled), read 4 at a time,
+// so a copy is a compare, a select, a multiply-add and the cp.async, independent of the others;
+// else one pointer walks the rows. What stays in registers across the K loop is a lane's two
+// shared-memory bases (mn_parity_base) and its bounds.
 template <int W, bool kByToken>
-__device__ __forceinline__ void load_rows(const KGroupedParams& p, const KGroupedOperand& op, uint32_t dst,
-                                          int32_t row0, int32_t end, int64_t mn0, int64_t mn_dim,
-                                          const int32_t (&tok)[2], int warp, int lane) {
-  constexpr int kRowChunks = W / 8, kRowsAtOnce = 32 / kRowChunks, kStep = 4 * kRowsAtOnce;
-  constexpr int kIters = kBlockK / kStep;
-  static_assert(32 % kRowChunks == 0 && kBlockK % kStep == 0 && (kStep == 4 || kStep == 8), "a warp copies whole rows");
-  const int j = lane % kRowChunks;                        // this lane's chunk of every row it copies
-  const int r0 = warp * kRowsAtOnce + lane / kRowChunks;  // its first K row of the stage
+__device__ __forceinline__ void load_rows(const KGroupedOperand& op, uint32_t dst, uint32_t table, int32_t row0,
+                                          int32_t end, int64_t mn0, int64_t mn_dim, int warp, int lane) {
+  using G = GatherRows<W>;
+  constexpr int kStep = G::kStep, kIters = G::kIters;
+  const int j = lane % G::kRowChunks;                        // this lane's chunk of every row it copies
+  const int r0 = warp * G::kRowsAtOnce + lane / G::kRowChunks;  // its first K row of the stage
   const int64_t col = mn0 + j * 8;
-  const int32_t rows_left = col < mn_dim ? end - row0 - r0 : 0;  // copy i is real iff kStep·i < rows_left
+  const bool col_ok = col < mn_dim;
+  const int32_t rows_left = col_ok ? end - row0 - r0 : 0;  // by pointer: copy i is real iff kStep·i < rows_left
   const uint32_t base[2] = {dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 0),
                             dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 1)};
   // Byte addresses: a copy's source is one IMAD.WIDE.U32 (row · row bytes + row_src); the row
   // bytes fit 32 bits (the shape limits: a static_assert beside the launcher), the product is 64-bit.
   const uint32_t row_bytes = uint32_t(op.stride) * 2u;
   const unsigned char* row_src = reinterpret_cast<const unsigned char*>(op.base + col);
-  if constexpr (!kByToken) row_src += uint64_t(uint32_t(row0 + r0)) * row_bytes;
+  int32_t tok[kByToken ? kIters : 1];
+  if constexpr (kByToken) {
+#pragma unroll
+    for (int q = 0; q < kIters / 4; ++q) {
+      int32_t v[4];
+      ptx::ld_shared_v4(table + uint32_t((lane / G::kRowChunks) * kIters + 4 * q) * 4u, v);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) tok[4 * q + u] = v[u];
+    }
+  } else {
+    row_src += uint64_t(uint32_t(row0 + r0)) * row_bytes;
+  }
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
-    const int r = r0 + kStep * i;  // K row of the stage
-    bool ok = kStep * i < rows_left;
+    bool ok;
     uint32_t row;
     if constexpr (kByToken) {
-      // rows 0..31 are in tok[0], 32..63 in tok[1]: which one is known at compile time
-      const int32_t tok_row = __shfl_sync(0xffffffffu, tok[kStep * i < 32 ? 0 : 1], r % 32);
-      ok = ok && tok_row >= 0;
-      row = ok ? uint32_t(tok_row) : 0u;  // a copy of no row reads nothing (source size 0)
+      ok = col_ok && tok[i] >= 0;
+      row = ok ? uint32_t(tok[i]) : 0u;  // a copy of no row reads nothing (source size 0)
     } else {
+      ok = kStep * i < rows_left;
       row = uint32_t(kStep * i);
     }
-    const void* src = row_src + uint64_t(row) * row_bytes;
+    const void* src = reinterpret_cast<const void*>(ptx::mad_wide_u32(row, row_bytes, uint64_t(row_src)));
     ptx::cp_async16(base[i % 2] + uint32_t(i * kStep * kRowBytes), src, ok ? 16u : 0u);
   }
 }
 
 template <bool kATokens, class Cfg>
 __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, const Smem<Cfg>& sm, int32_t items) {
+  using G = GatherRows<kATokens ? kWeightGradM : kWeightGradN>;  // the gathered operand's copies
   const int t = int(threadIdx.x) - kConsumerThreads;
   const int warp = t / 32, lane = t % 32;
+  const uint32_t table = sm.base + Cfg::kRowTableOffset + uint32_t(warp) * 64u;
+  const int my_row = G::table_row(warp, lane % 16);  // lanes < 16: the stage's K row whose token row it finds
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
@@ -119,25 +151,25 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
     if (t == 0) next = claim_item(p.tile_counter);  // claimed now: its latency hides under the item
     const WeightGradItem w = weight_grad_item(p, item);
     const KRange k = k_range(p, w);
-    // Lane l's ids of the stage's K rows l and 32 + l, loaded one stage ahead (their latency hides
-    // under that stage's copies), and made token rows (id / topk; -1: past the expert's rows, or an
-    // id of no assignment) when their stage comes.
-    int32_t ids[2];
-    auto load_ids = [&](int32_t row0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) ids[h] = row0 + 32 * h + lane < k.end ? p.sorted_ids[row0 + 32 * h + lane] : -1;
+    // Lane l < 16's id of its K row, loaded one stage ahead (its latency hides under that stage's
+    // copies) and made a token row (id / topk; -1: past the expert's rows, or an id of no
+    // assignment) when its stage comes.
+    int32_t id = -1;
+    auto load_id = [&](int32_t row0) {
+      const int32_t r = row0 + my_row;
+      id = lane < 16 && r < k.end ? p.sorted_ids[r] : -1;
     };
-    if (k.k_tiles > 0) load_ids(k.first);
+    if (k.k_tiles > 0) load_id(k.first);
     for (int32_t kt = 0; kt < k.k_tiles; ++kt, pipe.advance()) {
       const int32_t row0 = k.first + kt * kBlockK;
-      int32_t tok[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        tok[h] = ids[h] >= 0 && ids[h] < p.num_assign ? int32_t(uint32_t(ids[h]) / uint32_t(p.topk)) : -1;
-      if (kt + 1 < k.k_tiles) load_ids(row0 + kBlockK);
+      const int32_t tok = id >= 0 && id < p.num_assign ? int32_t(uint32_t(id) / uint32_t(p.topk)) : -1;
+      if (kt + 1 < k.k_tiles) load_id(row0 + kBlockK);
+      __syncwarp();  // every lane has read the last stage's table
+      if (lane < 16) ptx::st_shared_u32(table + uint32_t(lane) * 4u, tok);
+      __syncwarp();
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
-      load_rows<kWeightGradM, kATokens>(p, p.a, sm.a(pipe.stage), row0, k.end, w.m0, p.m_dim, tok, warp, lane);
-      load_rows<kWeightGradN, !kATokens>(p, p.b, sm.b(pipe.stage), row0, k.end, w.n0, p.n_dim, tok, warp, lane);
+      load_rows<kWeightGradM, kATokens>(p.a, sm.a(pipe.stage), table, row0, k.end, w.m0, p.m_dim, warp, lane);
+      load_rows<kWeightGradN, !kATokens>(p.b, sm.b(pipe.stage), table, row0, k.end, w.n0, p.n_dim, warp, lane);
       ptx::cp_async_arrive_noinc(sm.full(pipe.stage));
     }
   }
