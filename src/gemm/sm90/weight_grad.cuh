@@ -87,7 +87,8 @@ __device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightG
 // One stage's K rows [row0, row0 + 64) of an operand W values wide from column mn0, by the
 // producer warp `warp` (0..3): lane l copies chunk l % (W / 8) of K rows r0 + kStep·i (GatherRows).
 // kByToken: the rows' token rows are the warp's table (-1: no row, zero-filled), read 4 at a time,
-// so a copy is a compare, a select, a multiply-add and the cp.async, independent of the others;
+// so a copy is a compare, a select, a multiply-add (and an add of its zero high word: ptxas makes
+// PTX's mad.wide.u32 three instructions) and the cp.async, independent of the others;
 // else one pointer walks the rows. What stays in registers across the K loop is a lane's two
 // shared-memory bases (mn_parity_base) and its bounds.
 template <int W, bool kByToken>
@@ -129,7 +130,7 @@ __device__ __forceinline__ void load_rows(const KGroupedOperand& op, uint32_t ds
       ok = kStep * i < rows_left;
       row = uint32_t(kStep * i);
     }
-    const void* src = reinterpret_cast<const void*>(ptx::mad_wide_u32(row, row_bytes, uint64_t(row_src)));
+    const void* src = row_src + uint64_t(row) * row_bytes;
     ptx::cp_async16(base[i % 2] + uint32_t(i * kStep * kRowBytes), src, ok ? 16u : 0u);
   }
 }
