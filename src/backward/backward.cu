@@ -161,7 +161,6 @@ void launch_wgmma_weight_grads(const BackwardPlan& plan, const kb::Layout& L, co
   p.tile_counter = ws.gemm_counter.as<int32_t>();
   p.num_assign = L.num_assign;
   p.topk = L.topk;
-  p.rows = plan.max_rows();
   p.experts = int32_t(plan.shape.experts);
   p.splits = plan.dw_splits;
   p.accumulate = plan.options.accumulate_weight_grads;

@@ -106,7 +106,6 @@ struct KGroupedParams {
   int64_t num_assign;               // T*k: the padding sentinel
   int topk;
   int64_t m_dim, n_dim;             // out rows and columns
-  int64_t rows;                     // of the sorted layout: the operand not gathered has [rows][...]
   int32_t experts, splits;          // split s of an expert sums its s-th share of the K-tiles
   int32_t m_tiles, n_tiles;         // of the 128 x 256 tile
   void* out;                        // [E, m_dim, n_dim] bf16, or f32 (f32; accumulate: +=)

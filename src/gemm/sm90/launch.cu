@@ -94,18 +94,6 @@ CUtensorMap make_a_map(const Params& p, int64_t rows) {
                     "of A (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) + " bytes)");
 }
 
-// The weight gradients' operand in sorted order (dh for dW13, act_w for dW2: [rows][cols], `stride`
-// elements a row) as (cols, rows, 1, 1), boxes of (64, 64, 1, 1): one N-major panel of a stage's
-// 64 K rows (sm90/weight_grad.cuh). Columns past `cols` read zeros.
-CUtensorMap make_rows_map(const kernels::gemm::KGroupedOperand& op, int64_t cols, int64_t rows) {
-  const cuuint64_t row_bytes = cuuint64_t(op.stride) * 2;
-  const cuuint64_t dims[4] = {cuuint64_t(cols), cuuint64_t(rows), 1, 1};
-  const cuuint64_t strides[3] = {row_bytes, row_bytes * cuuint64_t(rows), row_bytes * cuuint64_t(rows)};
-  const cuuint32_t box[4] = {cuuint32_t(sm90::kBlockK), cuuint32_t(sm90::kBlockK), 1, 1};
-  return encode_map(op.base, dims, strides, box,
-                    "of the sorted operand (" + std::to_string(rows) + " rows of " + std::to_string(cols) + " values)");
-}
-
 // Once per kernel and device: raise its shared-memory limit; returns the SMs, one CTA each (the
 // grids are persistent).
 template <class Cfg, auto Kernel>
@@ -203,11 +191,8 @@ void launch_weight_grad_instance(const kernels::gemm::KGroupedParams& p, int64_t
   using Cfg = sm90::WeightGradCfg;
   constexpr auto kernel = sm90::sm90_weight_grad_kernel<kATokens>;
   const int64_t grid = std::min(persistent_sms<Cfg, kernel>(), items);
-  // The operand not gathered (kATokens: B, else A) comes by TMA in a stage wholly inside an expert.
-  const CUtensorMap rows_map = kATokens ? make_rows_map(p.b, p.n_dim, p.rows) : make_rows_map(p.a, p.m_dim, p.rows);
   MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
-  launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
-             rows_map);
+  launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p);
 }
 
 void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_by_token, cudaStream_t stream) {

@@ -13,17 +13,15 @@
 // [expert_row_start[e], + expert_counts[e]) of the sorted order, the split's share of their
 // K-tiles of 64 rows; an expert (or a split) with none stores zeros, or adds nothing.
 //
-// The producer (warpgroup 2) fills a stage with 64 K rows of both operands: A's 128 M values and
-// B's 256 N values of each row, in the N-major 128-byte-swizzled panels wgmma reads with imm-trans
-// (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64 values). The operand in sorted order
-// (dh of dW13, act_w of dW2) comes by TMA in every stage wholly inside the expert's rows, else by
-// cp.async like the gathered one: a warp's cp.async covers 512 contiguous bytes, one K row of B,
-// two of A. The gathered operand's rows come from sorted_ids through a table in shared memory (one
-// id a lane a stage, GatherRows), so a lane's copies are independent of each other: the
-// producer's instructions, not the memory, limited this kernel when each copy waited on a
-// shuffle. Rows past the expert's count, ids of no assignment and columns past the output are
-// zero-filled, so tails add exact zeros and nothing outside the expert's rows is read. Each output
-// element is one thread's FP32 sum in K order: bitwise deterministic.
+// The producer (warpgroup 2) fills a stage with 64 K rows of both operands by cp.async: A's 128 M
+// values and B's 256 N values of each row, written straight into the N-major 128-byte-swizzled
+// panels wgmma reads with imm-trans (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64
+// values). A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
+// A. The gathered operand's rows come from sorted_ids through a table in shared memory (one id a
+// lane a stage, GatherRows), so a lane's copies are independent of each other: the producer's
+// instructions, not the memory, limited this kernel when each copy waited on a shuffle. Rows past the expert's count, ids of no assignment and columns past
+// the output are zero-filled, so tails add exact zeros and nothing outside the expert's rows is
+// read. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
 #pragma once
 
 #include <cstdint>
@@ -138,12 +136,8 @@ __device__ __forceinline__ void load_rows(const KGroupedOperand& op, uint32_t ds
 }
 
 template <bool kATokens, class Cfg>
-__device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, const CUtensorMap* rows_map,
-                                                    const Smem<Cfg>& sm, int32_t items) {
+__device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, const Smem<Cfg>& sm, int32_t items) {
   using G = GatherRows<kATokens ? kWeightGradM : kWeightGradN>;  // the gathered operand's copies
-  // The operand in sorted order (kATokens: B, else A) by TMA: W / 64 boxes of 64 columns by 64 K rows.
-  constexpr int kTmaW = kATokens ? kWeightGradN : kWeightGradM;
-  constexpr uint32_t kTmaBytes = uint32_t(kTmaW) * kRowBytes;
   const int t = int(threadIdx.x) - kConsumerThreads;
   const int warp = t / 32, lane = t % 32;
   const uint32_t table = sm.base + Cfg::kRowTableOffset + uint32_t(warp) * 64u;
@@ -175,28 +169,9 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
       if (lane < 16) ptx::st_shared_u32(table + uint32_t(lane) * 4u, tok);
       __syncwarp();
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
-      // A stage wholly inside the expert's rows takes the sorted operand by TMA (which cannot stop
-      // at the expert's last row: the rows after it are the next expert's); the last, partial one
-      // by cp.async, its rows past the count zero-filled. Thread 0's arrival is the TMA's, or plain.
-      const bool by_tma = row0 + kBlockK <= k.end;
-      const uint32_t full = sm.full(pipe.stage);
-      if (t == 0) {
-        if (by_tma) {
-          ptx::mbar_arrive_expect_tx(full, kTmaBytes);
-          const uint32_t dst = kATokens ? sm.b(pipe.stage) : sm.a(pipe.stage);
-          const int32_t mn0 = kATokens ? w.n0 : w.m0;
-#pragma unroll
-          for (int j = 0; j < kTmaW / 64; ++j)
-            ptx::tma_load_4d(dst + uint32_t(j) * kMnPanelBytes, rows_map, full, mn0 + 64 * j, row0, 0, 0);
-        } else {
-          ptx::mbar_arrive(full);
-        }
-      }
-      if (kATokens || !by_tma)
-        load_rows<kWeightGradM, kATokens>(p.a, sm.a(pipe.stage), table, row0, k.end, w.m0, p.m_dim, warp, lane);
-      if (!kATokens || !by_tma)
-        load_rows<kWeightGradN, !kATokens>(p.b, sm.b(pipe.stage), table, row0, k.end, w.n0, p.n_dim, warp, lane);
-      ptx::cp_async_arrive_noinc(full);
+      load_rows<kWeightGradM, kATokens>(p.a, sm.a(pipe.stage), table, row0, k.end, w.m0, p.m_dim, warp, lane);
+      load_rows<kWeightGradN, !kATokens>(p.b, sm.b(pipe.stage), table, row0, k.end, w.n0, p.n_dim, warp, lane);
+      ptx::cp_async_arrive_noinc(sm.full(pipe.stage));
     }
   }
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
@@ -311,17 +286,14 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
 }
 
 template <bool kATokens>
-__global__ void __launch_bounds__(kThreads, 1)
-    sm90_weight_grad_kernel(const KGroupedParams p, const __grid_constant__ CUtensorMap rows_map) {
+__global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGroupedParams p) {
   using Cfg = WeightGradCfg;
   extern __shared__ unsigned char smem_raw[];
-  // The expert GEMM kernel's barriers (kernel.cuh): "full" expects the 128 cp.async arrivals and
-  // thread 0's (with the TMA bytes, or without).
+  // The expert GEMM kernel's barriers (kernel.cuh), its "full" expecting the cp.async arrivals only.
   if (threadIdx.x == 0) {
-    ptx::tma_prefetch_desc(&rows_map);
     const Smem<Cfg> sm = smem_layout<Cfg>(smem_raw);
     for (uint32_t s = 0; s < Cfg::kStages; ++s) {
-      ptx::mbar_init(sm.full(s), Cfg::kFullArrivals);
+      ptx::mbar_init(sm.full(s), kProducerThreads);
       ptx::mbar_init(sm.empty(s), Cfg::kEmptyArrivals);
     }
     for (uint32_t s = 0; s < kItemSlots; ++s) {
@@ -336,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Nothing stays live across setmaxnreg (kernel.cuh): each role derives its state after it.
   if (threadIdx.x >= kConsumerThreads) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
-    produce_weight_grad<kATokens>(p, &rows_map, smem_layout<Cfg>(smem_raw), items);
+    produce_weight_grad<kATokens>(p, smem_layout<Cfg>(smem_raw), items);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
     consume_weight_grad(p, smem_layout<Cfg>(smem_raw), items);
