@@ -99,9 +99,9 @@ inline StageCost stage_cost(const std::string& stage, const MoeShape& s, const R
     c.weight_bytes = 2 * experts_bytes + 2 * E * H * 2;
     // x and dy in, dx out; the routing and the logits in; and, through memory by design, h
     // (written, read), dh (written, read by the dx and dW13 GEMMs), act_w and dx_rows (written,
-    // read) and the router's f32 part of dx (written, read).
+    // read). (The router's part of dx stays on chip: dx_router_combine_kernel adds it.)
     c.act_bytes = 3 * T * H * 2 + A * 8 + T * E * 4 + 2 * A * 2 * F * 2 + 3 * A * 2 * F * 2 + 2 * A * F * 2 +
-                  2 * A * H * 2 + 2 * T * H * 4;
+                  2 * A * H * 2;
     // Useful FLOPs: D, dx, dW2 and dW13, twice the forward's (docs/design.md, "Backward"); the
     // recomputed h (4·T·k·H·F more) is the price of keeping no activation, and the router's
     // 4·T·E·H are < 1%.
