@@ -39,13 +39,10 @@ namespace moekit::kernels::gemm::sm90 {
 
 // 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
 // plus each producer warp's table of the token rows it gathers in a stage (16 int32, see GatherRows).
-// And each consumer warp's 2 KB for the bf16 epilogue (store_bf16_rows: 16 rows x 64 columns).
 struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
   static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 4;
-  static constexpr uint32_t kEpiStageOffset = (kRowTableOffset + kRowTableBytes + 127) / 128 * 128;
-  static constexpr uint32_t kEpiStageBytes = 16 * 64 * 2;  // a warp's
-  static constexpr size_t kSmemBytes = kEpiStageOffset + kConsumerThreads / 32 * kEpiStageBytes + kSwizzleAtomBytes;
+  static constexpr size_t kSmemBytes = kRowTableOffset + kRowTableBytes + kSwizzleAtomBytes;
 };
 inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
 
@@ -236,52 +233,11 @@ __device__ __forceinline__ void add_rows(const KGroupedParams& p, const float (&
   }
 }
 
-// The finished tile to a bf16 out through the warp's 2 KB of shared memory (`stage`), 64 columns
-// at a time: the warp's 16 rows of them go in by stmatrix (8 packed accumulators a lane per
-// 16 x 16 block, the fragment's own layout: no shuffles), then come back as 16-byte chunks, 4
-// rows of 128 contiguous bytes a warp store. A stage row is 128 bytes with its 16-byte chunks
-// XORed with row % 8, so the 8 rows of a matrix (stmatrix) and the 8 chunks of a row (the reads)
-// fall in different banks. Rows past m_dim and columns past n_dim (a multiple of 8) store nothing.
-template <class Cfg>
-__device__ __forceinline__ void store_bf16_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
-                                                const WeightGradItem& w, int wg, int warp, int lane, uint32_t stage) {
-  auto at = [&](int row, int chunk) { return stage + uint32_t(row * 128 + ((chunk ^ (row & 7)) * 16)); };
-  // stmatrix: lane l addresses row l % 8 (+8 for matrices 1 and 3) of the chunk pair's chunk l / 16.
-  const int st_row = lane % 8 + 8 * ((lane / 8) & 1), st_chunk = lane / 16;
-  // the reads: lane l takes chunk l % 8 of rows l / 8 + 4i
-  const int ld_chunk = lane % 8;
-  const int64_t row0 = w.m0 + wg * kWgmmaM + 16 * warp;  // the warp's first output row
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (int64_t(w.expert) * p.m_dim) * p.n_dim;
-#pragma unroll
-  for (int c = 0; c < Cfg::kBlockN / 64; ++c) {
-    __syncwarp();  // the last chunk's reads are done
-#pragma unroll
-    for (int pr = 0; pr < 4; ++pr) {
-      const int j = 8 * c + 2 * pr;  // n8 blocks j and j + 1
-      ptx::stmatrix_x4(at(st_row, 2 * pr + st_chunk), pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
-                       pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
-                       pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
-    }
-    __syncwarp();
-    const int64_t n = w.n0 + 64 * c + 8 * ld_chunk;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = lane / 8 + 4 * i;
-      uint4 v;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(at(r, ld_chunk))
-                   : "memory");
-      if (row0 + r < p.m_dim && n < p.n_dim) *reinterpret_cast<uint4*>(out + (row0 + r) * p.n_dim + n) = v;
-    }
-  }
-}
-
 // The tile's one destination: this split's FP32 partials, else out as f32 (added to, or stored)
-// or bf16 (through `stage`, the warp's epilogue bytes).
+// or bf16.
 template <class Cfg>
 __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
-                                                  const WeightGradItem& w, int wg, int warp, int lane, uint32_t stage) {
+                                                  const WeightGradItem& w, int wg, int warp, int lane) {
   using Word4 = const uint32_t (&)[4];
   if (p.accumulate && !p.partials) return add_rows<Cfg>(p, acc, w, wg, warp, lane);
   if (p.partials || p.f32) {
@@ -292,7 +248,12 @@ __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const
     });
     return;
   }
-  store_bf16_rows<Cfg>(p, acc, w, wg, warp, lane, stage);
+  auto f = [](uint32_t v) { return __uint_as_float(v); };
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
+  store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
+    *reinterpret_cast<uint4*>(out + i) = make_uint4(pack_bf16x2(f(e[0]), f(o[0])), pack_bf16x2(f(e[1]), f(o[1])),
+                                                    pack_bf16x2(f(e[2]), f(o[2])), pack_bf16x2(f(e[3]), f(o[3])));
+  });
 }
 
 template <class Cfg>
@@ -303,7 +264,6 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
   // Warpgroup wg multiplies the tile's M rows [64wg, +64): A's panel wg.
   const uint64_t desc_a0 = make_desc_mn_sw128(sm.a(0) + uint32_t(wg) * kMnPanelBytes);
   const uint64_t desc_b0 = make_desc_mn_sw128(sm.b(0));
-  const uint32_t epi_stage = sm.base + Cfg::kEpiStageOffset + uint32_t(threadIdx.x / 32) * Cfg::kEpiStageBytes;
   float acc[Cfg::kAccs];
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
@@ -320,7 +280,7 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
     const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
-    if (live && !adds_nothing) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane, epi_stage);
+    if (live && !adds_nothing) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
     it = next;
   }
 }
