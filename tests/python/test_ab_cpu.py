@@ -97,3 +97,63 @@ def test_backward_rows_are_tabled(tmp_path):
     assert len(ratios) == 2 * 2 * 5  # presets x T x the backward's rows
     assert all(abs(x - 0.8) < 1e-3 for x in ratios)
     assert "geomean new/old: backward-saved-h 0.800" in summary
+
+
+# A stand-in for `ncu --csv ... EXE bench ...`: the process line ncu prints first, then two kernels
+# per launch row in ncu's CSV (12 columns), each taking 1e6 ns times the `speed` beside EXE.
+FAKE_NCU = r'''#!/usr/bin/env python3
+import csv, os, sys
+exe = next(a for a in sys.argv[1:] if a.endswith("/moekit"))
+here = os.path.dirname(exe)
+speed = float(open(os.path.join(here, "speed")).read())
+shown = "/elsewhere/moekit" if os.path.exists(os.path.join(here, "lie")) else exe
+print(f"==PROF== Connected to process 7 ({shown})")
+w = csv.writer(sys.stdout, quoting=csv.QUOTE_ALL)
+w.writerow(["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+            "Grid Size", "Device", "CC", "Metric Name", "Metric Unit", "Metric Value"])
+for i, (kernel, base) in enumerate((("void moekit::kernels::gemm::wg<0>(P)", 2.0), ("void moekit::kernels::small(Q)", 0.1))):
+    for launch in range(3):
+        row = [i, 7, "moekit", "h", kernel, 1, 13, "(384, 1, 1)", "(132, 1, 1)", 0, "9.0"]
+        w.writerow(row + ["gpu__time_duration.sum", "ns", f"{base * 1e6 * speed:.0f}"])
+        w.writerow(row + ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", f"{50 / speed:.1f}"])
+'''
+
+
+def fake_ncu(tmp):
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    ncu = bin_dir / "ncu"
+    ncu.write_text(FAKE_NCU)
+    ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def ab_ncu(tmp, *builds, rounds=0):
+    out = tmp / "out"
+    r = subprocess.run([str(AB), *map(str, builds), "--presets", "p1", "--tokens", "16", "--rounds", str(rounds),
+                        "--budget", "120", "--out", str(out), "--ncu", "p1:16384:backward,p2:1024"],
+                       capture_output=True, text=True, env=fake_ncu(tmp))
+    return r, out
+
+
+def test_ncu_tables_per_kernel_at_the_locked_clock(tmp_path):
+    r, out = ab_ncu(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 0.8))
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = (out / "summary.txt").read_text()
+    assert "ncu p1:16384:backward" in summary and "ncu p2:1024" in summary
+    assert not re.search(r"^preset +T stage", summary, re.M), "--rounds 0: no bench table"
+    # per kernel: old ms, new ms, new/old, then the tensor pipe of each side
+    rows = re.findall(r"^gemm::wg<0> +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", summary, re.M)
+    assert rows == [("2.000", "1.600", "0.800", "50.0", "62.5")] * 2, summary
+    assert re.search(r"^small +0\.100 +0\.080 +0\.800", summary, re.M)
+
+
+def test_ncu_of_another_binary_fails_the_label_check(tmp_path):
+    r, out = ab_ncu(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 1.0, lie=True))
+    assert r.returncode == 1
+    assert "labelled new" in (out / "summary.txt").read_text()
+
+
+def test_rounds_zero_needs_ncu(tmp_path):
+    r, _ = ab(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 1.0), rounds=0)
+    assert r.returncode == 2 and "--rounds 0 needs --ncu" in r.stderr
