@@ -17,12 +17,11 @@
 // values and B's 256 N values of each row, written straight into the N-major 128-byte-swizzled
 // panels wgmma reads with imm-trans (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64
 // values). A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
-// A. The gathered operand's rows come from sorted_ids through a table of their addresses in
-// shared memory (one id a lane a stage, GatherRows), so a lane's copies are independent of each
-// other and two adds each: the producer's instructions, not the memory, limit this kernel. Rows
-// past the expert's count and ids of no assignment copy zeros (kZeroRow), columns past the output
-// are zero-filled, so tails add exact zeros and nothing outside the expert's rows is read. Each
-// output element is one thread's FP32 sum in K order: bitwise deterministic.
+// A. The gathered operand's rows come from sorted_ids through a table in shared memory (one id a
+// lane a stage, GatherRows), so a lane's copies are independent of each other: the producer's
+// instructions, not the memory, limited this kernel when each copy waited on a shuffle. Rows past the expert's count, ids of no assignment and columns past
+// the output are zero-filled, so tails add exact zeros and nothing outside the expert's rows is
+// read. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
 #pragma once
 
 #include <cstdint>
@@ -39,10 +38,10 @@
 namespace moekit::kernels::gemm::sm90 {
 
 // 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
-// plus each producer warp's table of the rows it gathers in a stage (16 addresses, see GatherRows).
+// plus each producer warp's table of the token rows it gathers in a stage (16 int32, see GatherRows).
 struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
-  static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 8;
+  static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 4;
   static constexpr size_t kSmemBytes = kRowTableOffset + kRowTableBytes + kSwizzleAtomBytes;
 };
 inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
@@ -50,26 +49,17 @@ inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBloc
 // How a producer warp copies an operand W values wide (load_rows): a warp-wide cp.async is 32
 // chunks of 16 bytes, W / 8 a row, so it covers kRowsAtOnce rows, and warp w copies the stage's K
 // rows w·kRowsAtOnce + s + kStep·i (s < kRowsAtOnce, i < kIters): 16 of the 64. For the gathered
-// operand, lane l < 16 of the warp finds the l-th of them (s = l / kIters, i = l % kIters) and
-// writes the address of its token row at the tile's first column to the warp's table at l (a row of
-// no token: kZeroRow's); a lane copying rows s + kStep·i then reads its kIters addresses two at a
-// time (LDS.128, the same address across the row's lanes) and adds its column.
+// operand, lane l < 16 of the warp finds the token row of the l-th of them (s = l / kIters,
+// i = l % kIters) and writes it to the warp's table at l; a lane copying rows s + kStep·i then reads
+// its kIters token rows as consecutive words (LDS.128, the same address across the row's lanes).
 template <int W>
 struct GatherRows {
   static constexpr int kRowChunks = W / 8, kRowsAtOnce = 32 / kRowChunks, kStep = 4 * kRowsAtOnce;
   static constexpr int kIters = kBlockK / kStep;
   static_assert(32 % kRowChunks == 0 && kBlockK % kStep == 0 && (kStep == 4 || kStep == 8), "a warp copies whole rows");
-  static_assert(kRowsAtOnce * kIters == 16 && kIters % 2 == 0, "16 rows a warp, read 2 at a time");
+  static_assert(kRowsAtOnce * kIters == 16 && kIters % 4 == 0, "16 rows a warp, read 4 at a time");
   __device__ static int table_row(int warp, int l) { return warp * kRowsAtOnce + l / kIters + kStep * (l % kIters); }
 };
-
-// What a gathered row of no token copies: one of kZeroRows rows of zeros as wide as a tile's row
-// (its table address, plus a lane's column, stays inside the row). Spread over 16 KB, chosen by
-// the CTA and the K row, so the padding rows of all SMs at once (half an expert's at ~32 rows an
-// expert) do not all read the same four L2 lines. A __device__ array without an initializer is
-// zero-initialized, as static storage is; nothing writes it.
-inline constexpr int kZeroRows = 32;
-static __device__ uint4 kZeroRow[kZeroRows][kWeightGradN * 2 / 16];
 
 struct WeightGradItem {
   int32_t expert, split, m0, n0;
@@ -95,56 +85,53 @@ __device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightG
 }
 
 // One stage's K rows [row0, row0 + 64) of an operand W values wide from column mn0, by the
-// producer warp `warp` (0..3): lane l copies chunk j = l % (W / 8) of K rows r0 + kStep·i
-// (GatherRows). kByToken: the rows' addresses at column mn0 are the warp's table, so a copy is
-// the address plus the lane's column (two adds) and the cp.async, independent of the others and
-// with no test of its own (a row of no token reads kZeroRow); else one pointer walks the rows. What
-// stays in registers across the K loop is a lane's two shared-memory bases (mn_parity_base) and
-// its bounds.
+// producer warp `warp` (0..3): lane l copies chunk l % (W / 8) of K rows r0 + kStep·i (GatherRows).
+// kByToken: the rows' token rows are the warp's table (-1: no row, zero-filled), read 4 at a time,
+// so a copy is a compare, a select, a multiply-add (and an add of its zero high word: ptxas makes
+// PTX's mad.wide.u32 three instructions) and the cp.async, independent of the others;
+// else one pointer walks the rows. What stays in registers across the K loop is a lane's two
+// shared-memory bases (mn_parity_base) and its bounds.
 template <int W, bool kByToken>
 __device__ __forceinline__ void load_rows(const KGroupedOperand& op, uint32_t dst, uint32_t table, int32_t row0,
                                           int32_t end, int64_t mn0, int64_t mn_dim, int warp, int lane) {
   using G = GatherRows<W>;
   constexpr int kStep = G::kStep, kIters = G::kIters;
-  const int j = lane % G::kRowChunks;                           // this lane's chunk of every row it copies
+  const int j = lane % G::kRowChunks;                        // this lane's chunk of every row it copies
   const int r0 = warp * G::kRowsAtOnce + lane / G::kRowChunks;  // its first K row of the stage
   const int64_t col = mn0 + j * 8;
   const bool col_ok = col < mn_dim;
+  const int32_t rows_left = col_ok ? end - row0 - r0 : 0;  // by pointer: copy i is real iff kStep·i < rows_left
   const uint32_t base[2] = {dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 0),
                             dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 1)};
+  // Byte addresses: a copy's source is one IMAD.WIDE.U32 (row · row bytes + row_src); the row
+  // bytes fit 32 bits (the shape limits: a static_assert beside the launcher), the product is 64-bit.
+  const uint32_t row_bytes = uint32_t(op.stride) * 2u;
+  const unsigned char* row_src = reinterpret_cast<const unsigned char*>(op.base + col);
+  int32_t tok[kByToken ? kIters : 1];
   if constexpr (kByToken) {
-    const uint32_t lane_bytes = uint32_t(j) * 16u;  // from the tile's first column: < 512, inside a kZeroRow row
-    const uint32_t my_table = table + uint32_t(lane / G::kRowChunks) * kIters * 8u;
-    // 8 addresses (4 loads) before their 8 copies: one wait on the loads' latency, and ptxas puts
-    // its three dummy LDS before a cp.async that follows an LDS once a batch, not once a pair.
-    constexpr int kBatch = kIters < 8 ? kIters : 8;
 #pragma unroll
-    for (int i0 = 0; i0 < kIters; i0 += kBatch) {
-      uint64_t row[kBatch];
+    for (int q = 0; q < kIters / 4; ++q) {
+      int32_t v[4];
+      ptx::ld_shared_v4(table + uint32_t((lane / G::kRowChunks) * kIters + 4 * q) * 4u, v);
 #pragma unroll
-      for (int i = 0; i < kBatch; i += 2) {
-        uint64_t two[2];
-        ptx::ld_shared_v2_u64(my_table + uint32_t(i0 + i) * 8u, two);
-        row[i] = two[0], row[i + 1] = two[1];
-      }
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i)
-        ptx::cp_async16(base[(i0 + i) % 2] + uint32_t((i0 + i) * kStep * kRowBytes),
-                        reinterpret_cast<const void*>(row[i] + lane_bytes), col_ok ? 16u : 0u);
+      for (int u = 0; u < 4; ++u) tok[4 * q + u] = v[u];
     }
   } else {
-    // Byte addresses: a copy's source is one IMAD.WIDE.U32 (row · row bytes + row_src); the row
-    // bytes fit 32 bits (the shape limits: a static_assert beside the launcher), the product is 64-bit.
-    const int32_t rows_left = col_ok ? end - row0 - r0 : 0;  // copy i is real iff kStep·i < rows_left
-    const uint32_t row_bytes = uint32_t(op.stride) * 2u;
-    const unsigned char* row_src = reinterpret_cast<const unsigned char*>(op.base + col) +
-                                   uint64_t(uint32_t(row0 + r0)) * row_bytes;
+    row_src += uint64_t(uint32_t(row0 + r0)) * row_bytes;
+  }
 #pragma unroll
-    for (int i = 0; i < kIters; ++i) {
-      const bool ok = kStep * i < rows_left;
-      ptx::cp_async16(base[i % 2] + uint32_t(i * kStep * kRowBytes), row_src + uint64_t(uint32_t(kStep * i)) * row_bytes,
-                      ok ? 16u : 0u);
+  for (int i = 0; i < kIters; ++i) {
+    bool ok;
+    uint32_t row;
+    if constexpr (kByToken) {
+      ok = col_ok && tok[i] >= 0;
+      row = ok ? uint32_t(tok[i]) : 0u;  // a copy of no row reads nothing (source size 0)
+    } else {
+      ok = kStep * i < rows_left;
+      row = uint32_t(kStep * i);
     }
+    const void* src = row_src + uint64_t(row) * row_bytes;
+    ptx::cp_async16(base[i % 2] + uint32_t(i * kStep * kRowBytes), src, ok ? 16u : 0u);
   }
 }
 
@@ -153,10 +140,8 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
   using G = GatherRows<kATokens ? kWeightGradM : kWeightGradN>;  // the gathered operand's copies
   const int t = int(threadIdx.x) - kConsumerThreads;
   const int warp = t / 32, lane = t % 32;
-  const uint32_t table = sm.base + Cfg::kRowTableOffset + uint32_t(warp) * 128u;
+  const uint32_t table = sm.base + Cfg::kRowTableOffset + uint32_t(warp) * 64u;
   const int my_row = G::table_row(warp, lane % 16);  // lanes < 16: the stage's K row whose token row it finds
-  const KGroupedOperand& gathered = kATokens ? p.a : p.b;
-  const uint32_t gathered_row_bytes = uint32_t(gathered.stride) * 2u;
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
@@ -176,16 +161,12 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
       id = lane < 16 && r < k.end ? p.sorted_ids[r] : -1;
     };
     if (k.k_tiles > 0) load_id(k.first);
-    // The gathered operand's rows at the tile's first column (its M or N offset).
-    const uint64_t tile_cols = reinterpret_cast<uint64_t>(gathered.base + (kATokens ? w.m0 : w.n0));
     for (int32_t kt = 0; kt < k.k_tiles; ++kt, pipe.advance()) {
       const int32_t row0 = k.first + kt * kBlockK;
-      const bool has_row = id >= 0 && id < p.num_assign;
-      const uint64_t src = has_row ? tile_cols + uint64_t(uint32_t(id) / uint32_t(p.topk)) * gathered_row_bytes
-                                   : reinterpret_cast<uint64_t>(kZeroRow[(blockIdx.x + uint32_t(my_row)) % kZeroRows]);
+      const int32_t tok = id >= 0 && id < p.num_assign ? int32_t(uint32_t(id) / uint32_t(p.topk)) : -1;
       if (kt + 1 < k.k_tiles) load_id(row0 + kBlockK);
       __syncwarp();  // every lane has read the last stage's table
-      if (lane < 16) ptx::st_shared_u64(table + uint32_t(lane) * 8u, src);
+      if (lane < 16) ptx::st_shared_u32(table + uint32_t(lane) * 4u, tok);
       __syncwarp();
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
       load_rows<kWeightGradM, kATokens>(p.a, sm.a(pipe.stage), table, row0, k.end, w.m0, p.m_dim, warp, lane);
