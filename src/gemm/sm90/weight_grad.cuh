@@ -163,7 +163,7 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
     if (k.k_tiles > 0) load_id(k.first);
     for (int32_t kt = 0; kt < k.k_tiles; ++kt, pipe.advance()) {
       const int32_t row0 = k.first + kt * kBlockK;
-      const int32_t tok = id >= 0 && id < p.num_assign ? int32_t(p.topk_div.div(uint32_t(id))) : -1;
+      const int32_t tok = id >= 0 && id < p.num_assign ? int32_t(uint32_t(id) / uint32_t(p.topk)) : -1;
       if (kt + 1 < k.k_tiles) load_id(row0 + kBlockK);
       __syncwarp();  // every lane has read the last stage's table
       if (lane < 16) ptx::st_shared_u32(table + uint32_t(lane) * 4u, tok);
