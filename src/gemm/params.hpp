@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/canon.hpp"  // MK_HD
+#include "common/fast_div.hpp"
 
 namespace moekit::kernels::gemm {
 
@@ -105,6 +106,7 @@ struct KGroupedParams {
   int32_t* tile_counter;            // [1]: claimed work items, zeroed by the launcher
   int64_t num_assign;               // T*k: the padding sentinel
   int topk;
+  dev::FastDivU32 topk_div;         // id / topk (the launcher makes it)
   int64_t m_dim, n_dim;             // out rows and columns
   int32_t experts, splits;          // split s of an expert sums its s-th share of the K-tiles
   int32_t m_tiles, n_tiles;         // of the 128 x 256 tile

@@ -197,6 +197,7 @@ void launch_weight_grad_instance(const kernels::gemm::KGroupedParams& p, int64_t
 
 void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_by_token, cudaStream_t stream) {
   kernels::gemm::KGroupedParams p = p_in;
+  p.topk_div = dev::FastDivU32(uint32_t(p.topk));
   p.m_tiles = int32_t((p.m_dim + sm90::kWeightGradM - 1) / sm90::kWeightGradM);
   p.n_tiles = int32_t((p.n_dim + sm90::kWeightGradN - 1) / sm90::kWeightGradN);
   const int64_t items = int64_t(p.experts) * p.splits * p.m_tiles * p.n_tiles;  // <= INT32_MAX: expect_backward_plan

@@ -22,17 +22,27 @@ __device__ __forceinline__ int32_t ld_shared_u32(uint32_t addr) {
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
-// Four consecutive words (16-byte aligned): one LDS.128, a broadcast when a warp's lanes share addr.
-__device__ __forceinline__ void ld_shared_v4(uint32_t addr, int32_t (&v)[4]) {
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-               : "r"(addr)
-               : "memory");
+__device__ __forceinline__ void st_shared_u64(uint32_t addr, uint64_t v) {
+  asm volatile("st.shared.b64 [%0], %1;\n" ::"r"(addr), "l"(v) : "memory");
+}
+// Two consecutive 64-bit words (16-byte aligned): one LDS.128, a broadcast when a warp's lanes
+// share addr.
+__device__ __forceinline__ void ld_shared_v2_u64(uint32_t addr, uint64_t (&v)[2]) {
+  asm volatile("ld.shared.v2.b64 {%0, %1}, [%2];\n" : "=l"(v[0]), "=l"(v[1]) : "r"(addr) : "memory");
 }
 __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
+}
+
+// Four 8x8 matrices of 16-bit values (stmatrix .x4): register m of lane l holds row l / 4, columns
+// 2(l % 4) and +1 of matrix m (an m16n8 accumulator fragment's layout); lanes 8m .. 8m + 7 give
+// the addresses of matrix m's rows 0..7 (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
 }
 
 // ---- mbarrier ----------------------------------------------------------------------------------

@@ -17,11 +17,12 @@
 // values and B's 256 N values of each row, written straight into the N-major 128-byte-swizzled
 // panels wgmma reads with imm-trans (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64
 // values). A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
-// A. The gathered operand's rows come from sorted_ids through a table in shared memory (one id a
-// lane a stage, GatherRows), so a lane's copies are independent of each other: the producer's
-// instructions, not the memory, limited this kernel when each copy waited on a shuffle. Rows past the expert's count, ids of no assignment and columns past
-// the output are zero-filled, so tails add exact zeros and nothing outside the expert's rows is
-// read. Each output element is one thread's FP32 sum in K order: bitwise deterministic.
+// A. The gathered operand's rows come from sorted_ids through a table of their addresses in
+// shared memory (one id a lane a stage, GatherRows), so a lane's copies are independent of each
+// other and two adds each: the producer's instructions, not the memory, limit this kernel. Rows
+// past the expert's count and ids of no assignment copy zeros (kZeroRow), columns past the output
+// are zero-filled, so tails add exact zeros and nothing outside the expert's rows is read. Each
+// output element is one thread's FP32 sum in K order: bitwise deterministic.
 #pragma once
 
 #include <cstdint>
@@ -38,28 +39,40 @@
 namespace moekit::kernels::gemm::sm90 {
 
 // 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
-// plus each producer warp's table of the token rows it gathers in a stage (16 int32, see GatherRows).
+// plus each producer warp's table of the rows it gathers in a stage (16 addresses, see GatherRows).
+// And each consumer warp's 2 KB for the bf16 epilogue (store_bf16_rows: 16 rows x 64 columns).
 struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
-  static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 4;
-  static constexpr size_t kSmemBytes = kRowTableOffset + kRowTableBytes + kSwizzleAtomBytes;
+  static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 8;
+  static constexpr uint32_t kEpiStageOffset = (kRowTableOffset + kRowTableBytes + 127) / 128 * 128;
+  static constexpr uint32_t kEpiStageBytes = 16 * 64 * 2;  // a warp's
+  static constexpr size_t kSmemBytes = kEpiStageOffset + kConsumerThreads / 32 * kEpiStageBytes + kSwizzleAtomBytes;
 };
 inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
 
 // How a producer warp copies an operand W values wide (load_rows): a warp-wide cp.async is 32
 // chunks of 16 bytes, W / 8 a row, so it covers kRowsAtOnce rows, and warp w copies the stage's K
 // rows w·kRowsAtOnce + s + kStep·i (s < kRowsAtOnce, i < kIters): 16 of the 64. For the gathered
-// operand, lane l < 16 of the warp finds the token row of the l-th of them (s = l / kIters,
-// i = l % kIters) and writes it to the warp's table at l; a lane copying rows s + kStep·i then reads
-// its kIters token rows as consecutive words (LDS.128, the same address across the row's lanes).
+// operand, lane l < 16 of the warp finds the l-th of them (s = l / kIters, i = l % kIters) and
+// writes the address of its token row at the tile's first column to the warp's table at l (a row of
+// no token: kZeroRow's); a lane copying rows s + kStep·i then reads its kIters addresses two at a
+// time (LDS.128, the same address across the row's lanes) and adds its column.
 template <int W>
 struct GatherRows {
   static constexpr int kRowChunks = W / 8, kRowsAtOnce = 32 / kRowChunks, kStep = 4 * kRowsAtOnce;
   static constexpr int kIters = kBlockK / kStep;
   static_assert(32 % kRowChunks == 0 && kBlockK % kStep == 0 && (kStep == 4 || kStep == 8), "a warp copies whole rows");
-  static_assert(kRowsAtOnce * kIters == 16 && kIters % 4 == 0, "16 rows a warp, read 4 at a time");
+  static_assert(kRowsAtOnce * kIters == 16 && kIters % 2 == 0, "16 rows a warp, read 2 at a time");
   __device__ static int table_row(int warp, int l) { return warp * kRowsAtOnce + l / kIters + kStep * (l % kIters); }
 };
+
+// What a gathered row of no token copies: one of kZeroRows rows of zeros as wide as a tile's row
+// (its table address, plus a lane's column, stays inside the row). Spread over 16 KB, chosen by
+// the CTA and the K row, so the padding rows of all SMs at once (half an expert's at ~32 rows an
+// expert) do not all read the same four L2 lines. A __device__ array without an initializer is
+// zero-initialized, as static storage is; nothing writes it.
+inline constexpr int kZeroRows = 32;
+static __device__ uint4 kZeroRow[kZeroRows][kWeightGradN * 2 / 16];
 
 struct WeightGradItem {
   int32_t expert, split, m0, n0;
@@ -85,53 +98,56 @@ __device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightG
 }
 
 // One stage's K rows [row0, row0 + 64) of an operand W values wide from column mn0, by the
-// producer warp `warp` (0..3): lane l copies chunk l % (W / 8) of K rows r0 + kStep·i (GatherRows).
-// kByToken: the rows' token rows are the warp's table (-1: no row, zero-filled), read 4 at a time,
-// so a copy is a compare, a select, a multiply-add (and an add of its zero high word: ptxas makes
-// PTX's mad.wide.u32 three instructions) and the cp.async, independent of the others;
-// else one pointer walks the rows. What stays in registers across the K loop is a lane's two
-// shared-memory bases (mn_parity_base) and its bounds.
+// producer warp `warp` (0..3): lane l copies chunk j = l % (W / 8) of K rows r0 + kStep·i
+// (GatherRows). kByToken: the rows' addresses at column mn0 are the warp's table, so a copy is
+// the address plus the lane's column (two adds) and the cp.async, independent of the others and
+// with no test of its own (a row of no token reads kZeroRow); else one pointer walks the rows. What
+// stays in registers across the K loop is a lane's two shared-memory bases (mn_parity_base) and
+// its bounds.
 template <int W, bool kByToken>
 __device__ __forceinline__ void load_rows(const KGroupedOperand& op, uint32_t dst, uint32_t table, int32_t row0,
                                           int32_t end, int64_t mn0, int64_t mn_dim, int warp, int lane) {
   using G = GatherRows<W>;
   constexpr int kStep = G::kStep, kIters = G::kIters;
-  const int j = lane % G::kRowChunks;                        // this lane's chunk of every row it copies
+  const int j = lane % G::kRowChunks;                           // this lane's chunk of every row it copies
   const int r0 = warp * G::kRowsAtOnce + lane / G::kRowChunks;  // its first K row of the stage
   const int64_t col = mn0 + j * 8;
   const bool col_ok = col < mn_dim;
-  const int32_t rows_left = col_ok ? end - row0 - r0 : 0;  // by pointer: copy i is real iff kStep·i < rows_left
   const uint32_t base[2] = {dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 0),
                             dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 1)};
-  // Byte addresses: a copy's source is one IMAD.WIDE.U32 (row · row bytes + row_src); the row
-  // bytes fit 32 bits (the shape limits: a static_assert beside the launcher), the product is 64-bit.
-  const uint32_t row_bytes = uint32_t(op.stride) * 2u;
-  const unsigned char* row_src = reinterpret_cast<const unsigned char*>(op.base + col);
-  int32_t tok[kByToken ? kIters : 1];
   if constexpr (kByToken) {
+    const uint32_t lane_bytes = uint32_t(j) * 16u;  // from the tile's first column: < 512, inside a kZeroRow row
+    const uint32_t my_table = table + uint32_t(lane / G::kRowChunks) * kIters * 8u;
+    // 8 addresses (4 loads) before their 8 copies: one wait on the loads' latency, and ptxas puts
+    // its three dummy LDS before a cp.async that follows an LDS once a batch, not once a pair.
+    constexpr int kBatch = kIters < 8 ? kIters : 8;
 #pragma unroll
-    for (int q = 0; q < kIters / 4; ++q) {
-      int32_t v[4];
-      ptx::ld_shared_v4(table + uint32_t((lane / G::kRowChunks) * kIters + 4 * q) * 4u, v);
+    for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+      uint64_t row[kBatch];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) tok[4 * q + u] = v[u];
+      for (int i = 0; i < kBatch; i += 2) {
+        uint64_t two[2];
+        ptx::ld_shared_v2_u64(my_table + uint32_t(i0 + i) * 8u, two);
+        row[i] = two[0], row[i + 1] = two[1];
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)
+        ptx::cp_async16(base[(i0 + i) % 2] + uint32_t((i0 + i) * kStep * kRowBytes),
+                        reinterpret_cast<const void*>(row[i] + lane_bytes), col_ok ? 16u : 0u);
     }
   } else {
-    row_src += uint64_t(uint32_t(row0 + r0)) * row_bytes;
-  }
+    // Byte addresses: a copy's source is one IMAD.WIDE.U32 (row · row bytes + row_src); the row
+    // bytes fit 32 bits (the shape limits: a static_assert beside the launcher), the product is 64-bit.
+    const int32_t rows_left = col_ok ? end - row0 - r0 : 0;  // copy i is real iff kStep·i < rows_left
+    const uint32_t row_bytes = uint32_t(op.stride) * 2u;
+    const unsigned char* row_src = reinterpret_cast<const unsigned char*>(op.base + col) +
+                                   uint64_t(uint32_t(row0 + r0)) * row_bytes;
 #pragma unroll
-  for (int i = 0; i < kIters; ++i) {
-    bool ok;
-    uint32_t row;
-    if constexpr (kByToken) {
-      ok = col_ok && tok[i] >= 0;
-      row = ok ? uint32_t(tok[i]) : 0u;  // a copy of no row reads nothing (source size 0)
-    } else {
-      ok = kStep * i < rows_left;
-      row = uint32_t(kStep * i);
+    for (int i = 0; i < kIters; ++i) {
+      const bool ok = kStep * i < rows_left;
+      ptx::cp_async16(base[i % 2] + uint32_t(i * kStep * kRowBytes), row_src + uint64_t(uint32_t(kStep * i)) * row_bytes,
+                      ok ? 16u : 0u);
     }
-    const void* src = row_src + uint64_t(row) * row_bytes;
-    ptx::cp_async16(base[i % 2] + uint32_t(i * kStep * kRowBytes), src, ok ? 16u : 0u);
   }
 }
 
@@ -140,8 +156,10 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
   using G = GatherRows<kATokens ? kWeightGradM : kWeightGradN>;  // the gathered operand's copies
   const int t = int(threadIdx.x) - kConsumerThreads;
   const int warp = t / 32, lane = t % 32;
-  const uint32_t table = sm.base + Cfg::kRowTableOffset + uint32_t(warp) * 64u;
+  const uint32_t table = sm.base + Cfg::kRowTableOffset + uint32_t(warp) * 128u;
   const int my_row = G::table_row(warp, lane % 16);  // lanes < 16: the stage's K row whose token row it finds
+  const KGroupedOperand& gathered = kATokens ? p.a : p.b;
+  const uint32_t gathered_row_bytes = uint32_t(gathered.stride) * 2u;
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
@@ -161,12 +179,16 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
       id = lane < 16 && r < k.end ? p.sorted_ids[r] : -1;
     };
     if (k.k_tiles > 0) load_id(k.first);
+    // The gathered operand's rows at the tile's first column (its M or N offset).
+    const uint64_t tile_cols = reinterpret_cast<uint64_t>(gathered.base + (kATokens ? w.m0 : w.n0));
     for (int32_t kt = 0; kt < k.k_tiles; ++kt, pipe.advance()) {
       const int32_t row0 = k.first + kt * kBlockK;
-      const int32_t tok = id >= 0 && id < p.num_assign ? int32_t(uint32_t(id) / uint32_t(p.topk)) : -1;
+      const bool has_row = id >= 0 && id < p.num_assign;
+      const uint64_t src = has_row ? tile_cols + uint64_t(p.topk_div.div(uint32_t(id))) * gathered_row_bytes
+                                   : reinterpret_cast<uint64_t>(kZeroRow[(blockIdx.x + uint32_t(my_row)) % kZeroRows]);
       if (kt + 1 < k.k_tiles) load_id(row0 + kBlockK);
       __syncwarp();  // every lane has read the last stage's table
-      if (lane < 16) ptx::st_shared_u32(table + uint32_t(lane) * 4u, tok);
+      if (lane < 16) ptx::st_shared_u64(table + uint32_t(lane) * 8u, src);
       __syncwarp();
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
       load_rows<kWeightGradM, kATokens>(p.a, sm.a(pipe.stage), table, row0, k.end, w.m0, p.m_dim, warp, lane);
@@ -233,11 +255,52 @@ __device__ __forceinline__ void add_rows(const KGroupedParams& p, const float (&
   }
 }
 
+// The finished tile to a bf16 out through the warp's 2 KB of shared memory (`stage`), 64 columns
+// at a time: the warp's 16 rows of them go in by stmatrix (8 packed accumulators a lane per
+// 16 x 16 block, the fragment's own layout: no shuffles), then come back as 16-byte chunks, 4
+// rows of 128 contiguous bytes a warp store. A stage row is 128 bytes with its 16-byte chunks
+// XORed with row % 8, so the 8 rows of a matrix (stmatrix) and the 8 chunks of a row (the reads)
+// fall in different banks. Rows past m_dim and columns past n_dim (a multiple of 8) store nothing.
+template <class Cfg>
+__device__ __forceinline__ void store_bf16_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
+                                                const WeightGradItem& w, int wg, int warp, int lane, uint32_t stage) {
+  auto at = [&](int row, int chunk) { return stage + uint32_t(row * 128 + ((chunk ^ (row & 7)) * 16)); };
+  // stmatrix: lane l addresses row l % 8 (+8 for matrices 1 and 3) of the chunk pair's chunk l / 16.
+  const int st_row = lane % 8 + 8 * ((lane / 8) & 1), st_chunk = lane / 16;
+  // the reads: lane l takes chunk l % 8 of rows l / 8 + 4i
+  const int ld_chunk = lane % 8;
+  const int64_t row0 = w.m0 + wg * kWgmmaM + 16 * warp;  // the warp's first output row
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (int64_t(w.expert) * p.m_dim) * p.n_dim;
+#pragma unroll
+  for (int c = 0; c < Cfg::kBlockN / 64; ++c) {
+    __syncwarp();  // the last chunk's reads are done
+#pragma unroll
+    for (int pr = 0; pr < 4; ++pr) {
+      const int j = 8 * c + 2 * pr;  // n8 blocks j and j + 1
+      ptx::stmatrix_x4(at(st_row, 2 * pr + st_chunk), pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
+                       pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
+                       pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+    }
+    __syncwarp();
+    const int64_t n = w.n0 + 64 * c + 8 * ld_chunk;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = lane / 8 + 4 * i;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(at(r, ld_chunk))
+                   : "memory");
+      if (row0 + r < p.m_dim && n < p.n_dim) *reinterpret_cast<uint4*>(out + (row0 + r) * p.n_dim + n) = v;
+    }
+  }
+}
+
 // The tile's one destination: this split's FP32 partials, else out as f32 (added to, or stored)
-// or bf16.
+// or bf16 (through `stage`, the warp's epilogue bytes).
 template <class Cfg>
 __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
-                                                  const WeightGradItem& w, int wg, int warp, int lane) {
+                                                  const WeightGradItem& w, int wg, int warp, int lane, uint32_t stage) {
   using Word4 = const uint32_t (&)[4];
   if (p.accumulate && !p.partials) return add_rows<Cfg>(p, acc, w, wg, warp, lane);
   if (p.partials || p.f32) {
@@ -248,12 +311,7 @@ __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const
     });
     return;
   }
-  auto f = [](uint32_t v) { return __uint_as_float(v); };
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out);
-  store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
-    *reinterpret_cast<uint4*>(out + i) = make_uint4(pack_bf16x2(f(e[0]), f(o[0])), pack_bf16x2(f(e[1]), f(o[1])),
-                                                    pack_bf16x2(f(e[2]), f(o[2])), pack_bf16x2(f(e[3]), f(o[3])));
-  });
+  store_bf16_rows<Cfg>(p, acc, w, wg, warp, lane, stage);
 }
 
 template <class Cfg>
@@ -264,6 +322,7 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
   // Warpgroup wg multiplies the tile's M rows [64wg, +64): A's panel wg.
   const uint64_t desc_a0 = make_desc_mn_sw128(sm.a(0) + uint32_t(wg) * kMnPanelBytes);
   const uint64_t desc_b0 = make_desc_mn_sw128(sm.b(0));
+  const uint32_t epi_stage = sm.base + Cfg::kEpiStageOffset + uint32_t(threadIdx.x / 32) * Cfg::kEpiStageBytes;
   float acc[Cfg::kAccs];
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
@@ -280,7 +339,7 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
     const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
-    if (live && !adds_nothing) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane);
+    if (live && !adds_nothing) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane, epi_stage);
     it = next;
   }
 }
