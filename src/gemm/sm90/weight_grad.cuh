@@ -9,9 +9,10 @@
 // every tile of the expert); inside an (expert, split) the tiles go in bands of 8 M tiles, N tiles
 // outermost in a band (item_order.hpp, as the expert GEMM's blocks): a wave of 132 CTAs reads ~8 M
 // tiles' and ~16 N tiles' columns of each K row, not 2-3 M tiles' and every N tile's (dW2 of
-// Mixtral: 56 N tiles, all of an expert's act_w each wave, above the L2). An item's K range is read on the device: rows
-// [expert_row_start[e], + expert_counts[e]) of the sorted order, the split's share of their
-// K-tiles of 64 rows; an expert (or a split) with none stores zeros, or adds nothing.
+// Mixtral: 56 N tiles, all of an expert's act_w each wave, above the L2). An item's K range is
+// read on the device: rows [expert_row_start[e], + expert_counts[e]) of the sorted order, the
+// split's share of their K-tiles of 64 rows; an expert (or a split) with none stores zeros, or
+// adds nothing.
 //
 // The producer (warpgroup 2) fills a stage with 64 K rows of both operands by cp.async: A's 128 M
 // values and B's 256 N values of each row, written straight into the N-major 128-byte-swizzled
@@ -286,11 +287,7 @@ __device__ __forceinline__ void store_bf16_rows(const KGroupedParams& p, const f
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int r = lane / 8 + 4 * i;
-      uint4 v;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(at(r, ld_chunk))
-                   : "memory");
+      const uint4 v = ptx::ld_shared_v4(at(r, ld_chunk));
       if (row0 + r < p.m_dim && n < p.n_dim) *reinterpret_cast<uint4*>(out + (row0 + r) * p.n_dim + n) = v;
     }
   }
