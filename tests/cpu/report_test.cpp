@@ -169,7 +169,8 @@ TEST(Report, BusiestExpertRoofline) {
 }
 
 // `moekit bench --backward`'s rows count what docs/design.md says: 12·T·k·H·F useful FLOPs, the
-// touched experts' w13 and w2 read and their gradients written (with w_gate and d_w_gate), the sums
+// touched experts' w13 and w2 read and every expert's gradients written (an untouched expert's
+// zeros too), with w_gate and d_w_gate, the sums
 // of the layer's and the backward's in forward+backward; x_roof is the time over the larger floor.
 TEST(Report, BackwardRowsCountTheirWork) {
   const int64_t T = 16, H = 4096, F = 14336, E = 8, k = 2, A = T * k, touched = 3;
@@ -177,7 +178,7 @@ TEST(Report, BackwardRowsCountTheirWork) {
   const Routed routed{touched, 64, 16};
   const StageCost b = stage_cost("backward", s, routed);
   EXPECT_DOUBLE_EQ(b.flops, 12.0 * double(A) * double(H) * double(F));
-  EXPECT_EQ(b.weight_bytes, 2 * touched * 3 * H * F * 2 + 2 * E * H * 2);
+  EXPECT_EQ(b.weight_bytes, touched * 3 * H * F * 2 + E * 3 * H * F * 2 + 2 * E * H * 2);
   EXPECT_GT(b.act_bytes, 3 * T * H * 2) << "x, dy and dx at least";
   const StageCost g = stage_cost("backward-graph", s, routed);
   EXPECT_EQ(g.weight_bytes, b.weight_bytes);

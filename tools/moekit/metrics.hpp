@@ -2,7 +2,8 @@
 // and the routing actually produced (touched experts, padded rows). Pure host code.
 //
 // NOTES: bytes are the compulsory traffic of the stage as a unit: the weights it must read
-// (only experts with >= 1 assignment; an untouched expert costs nothing) plus its activations
+// (only experts with >= 1 assignment; an untouched expert costs nothing; the backward writes every
+// expert's weight gradient) plus its activations
 // read once and written once. Intermediates that the pipeline passes through memory by design
 // (act, y_rows) count at every stage that reads or writes them, so `experts` = up + down and
 // `layer` = the sum of the five stages. Re-reads of x rows by several experts, padding rows and
@@ -92,11 +93,13 @@ inline StageCost stage_cost(const std::string& stage, const MoeShape& s, const R
     c.flops = 2.0 * double(A) * 3.0 * double(H) * double(F);
   } else if (!fp8 && (stage == "backward" || stage == "backward-graph")) {
     // moe_backward as `moekit bench --backward` runs it (h recomputed, RouterGrad::gate, dx and
-    // bf16 dW). Weights: the touched experts' w13 and w2 read and their dW13 and dW2 written (the
-    // same bytes again), w_gate read and d_w_gate written. (The library also writes exact zeros
-    // to the dW of every untouched expert: not compulsory work, so not counted here.)
-    const int64_t experts_bytes = r.touched_experts * 3 * H * F * 2;
-    c.weight_bytes = 2 * experts_bytes + 2 * E * H * 2;
+    // bf16 dW). Weights: the touched experts' w13 and w2 read; dW13 and dW2 written, all E experts'
+    // (the output is [E, ...] and an untouched expert's gradient is exact zeros, which must reach
+    // memory like any other value: at T = 1 they are most of the bytes, DeepSeek-V3 21.8 of 23.2
+    // GB); w_gate read and d_w_gate written. (Accumulating into an f32 main_grad, which the bench
+    // does not time, the untouched experts are neither read nor written.)
+    const int64_t read_bytes = r.touched_experts * 3 * H * F * 2, written_bytes = E * 3 * H * F * 2;
+    c.weight_bytes = read_bytes + written_bytes + 2 * E * H * 2;
     // x and dy in, dx out; the routing and the logits in; and, through memory by design, h
     // (written, read), dh (written, read by the dx and dW13 GEMMs), act_w and dx_rows (written,
     // read). (The router's part of dx stays on chip: dx_router_combine_kernel adds it.)
