@@ -98,5 +98,37 @@ TEST_F(BackwardTest, RaggedGemmsOnWgmma) {
   }
 }
 
+// The wgmma weight-gradient kernel's stores where a CTA takes several items (E = 64: dW13 768
+// items, dW2 320 over <= 132 CTAs, so each CTA's epilogues follow each other) and every tile edge
+// is partial: H = 520 (dW13's last 8 columns, dW2's last M tile of 8 rows: one warp's rows cut,
+// three warps' and warpgroup 1's past M), F = 200 (dW13's M = 400: a last tile of 16 rows; dW2's
+// last 64-column piece of 8). On the 128-row layout and, where the planner puts dW on wgmma there
+// too, the 16-row one; against the oracle, bitwise the same run to run, and within the bounds of
+// the mma.sync path.
+TEST_F(BackwardTest, WeightGradsManyItemsACtaAndPartialTiles) {
+  const uint64_t seed = fresh_seed();
+  const MoeShape s{1200, 520, 200, 64, 4};
+  const BackwardOptions o = options(SavedActivations::h);
+  std::mt19937_64 rng(seed);
+  const Case c = make_case(s, rng);
+  for (int block_m : {128, 16}) {
+    SCOPED_TRACE(name_of(s, block_m, o, seed));
+    BackwardRun mma_sync(forward_plan(s, block_m), o, c, stream, rng, true, PlanOverride::mma_sync());
+    const Outputs base = mma_sync.run(stream);
+    BackwardRun run(forward_plan(s, block_m), o, c, stream, rng);
+    SCOPED_TRACE(run.plan.str());
+    if (block_m == 128) ASSERT_TRUE(run.plan.dw_wgmma) << "the planner's dW at block_m 128";
+    ASSERT_EQ(run.plan.dw_splits, 1) << "unsplit: the bf16 tile stored by the kernel itself";
+    const Outputs first = run.run(stream);
+    check_outputs(run, first);
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(run.run(stream) == first) << "run " << i << " differs";
+    auto against = [](const std::vector<unsigned char>& got, const std::vector<unsigned char>& want) {
+      return ref::rel_norm_error(values_of(got, DType::bf16), values_of(want, DType::bf16));
+    };
+    report_error("dW13 against mma.sync", against(first.dw13, base.dw13), 2 * kWeightGradTol);
+    report_error("dW2 against mma.sync", against(first.dw2, base.dw2), 2 * kWeightGradTol);
+  }
+}
+
 }  // namespace
 }  // namespace moekit::test
