@@ -287,18 +287,17 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
   }
   kb::GateGradParams gp{};  // with ::gate also the router's part of dx (5.)
   if (gate) {
-    kb::GateGradParams& p = gp;
-    p.d_logits_split = ws.d_logits.as<const kb::bf16>();
-    p.x = x;
-    p.w_gate = in.w_gate.data;
-    p.w_gate_f32 = in.w_gate.dtype == DType::f32;
-    p.tokens = T, p.hidden = H;
-    p.experts = int(E), p.experts_padded = int(plan.experts_padded());
-    p.splits = plan.gate_splits;
-    p.d_w_gate = weight_out(grads.d_w_gate, ws.gate_partials, plan.gate_splits, false, E, H, 1);
+    gp.d_logits_split = ws.d_logits.as<const kb::bf16>();
+    gp.x = x;
+    gp.w_gate = in.w_gate.data;
+    gp.w_gate_f32 = in.w_gate.dtype == DType::f32;
+    gp.tokens = T, gp.hidden = H;
+    gp.experts = int(E), gp.experts_padded = int(plan.experts_padded());
+    gp.splits = plan.gate_splits;
+    gp.d_w_gate = weight_out(grads.d_w_gate, ws.gate_partials, plan.gate_splits, false, E, H, 1);
     launch_pdl("d_w_gate_kernel", kb::d_w_gate_kernel,
                dim3(unsigned(cdiv(E, 64) * cdiv(H, 64)), 1, unsigned(plan.gate_splits)), dim3(kb::kThreads), 0,
-               stream, p);
+               stream, gp);
     if (plan.gate_splits > 1) launch_split_sum(ws.gate_partials, plan.gate_splits, grads.d_w_gate, false, stream);
   }
 

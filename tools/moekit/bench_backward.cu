@@ -53,10 +53,10 @@ struct Context {
 
 // Byte ranges of what moe_backward must read and write in weight copy c — the touched experts'
 // w13 and w2 and w_gate read, every expert's dW13 and dW2 (an untouched one's zeros too) and
-// d_w_gate written — streamed as reads for its
-// read time (the bytes of StageCost::weight_bytes). The gradients are one buffer for all copies:
-// the weights rotate past L2 between two steps, and dW of all E experts is larger than L2 in
-// every preset, so a step's gradient writes do not find the last step's lines either.
+// d_w_gate written — streamed as reads for its read time (the bytes of StageCost::weight_bytes).
+// The gradients are one buffer for all copies: the weights rotate past L2 between two steps, and
+// dW of all E experts is larger than L2 in every preset, so a step's gradient writes do not find
+// the last step's lines either.
 std::vector<std::pair<const void*, int64_t>> backward_ranges(const GpuLayer& layer, int c,
                                                              const std::vector<int32_t>& touched, const Tensor& dw13,
                                                              const Tensor& dw2, const Tensor& d_w_gate) {
