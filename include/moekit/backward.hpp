@@ -93,7 +93,8 @@ struct BackwardPlan {
   bool d_wgmma = false;
   bool dx_wgmma = false;
   // dW2 and dW13 on the wgmma weight-gradient kernel (128 x 256 tiles of dW, both operands read
-  // MN-major by cp.async; dw_splits as the mma.sync kernel's): block_m 128 and options.weight_grads.
+  // MN-major by cp.async; dw_splits as the mma.sync kernel's): any block_m (its K range is each
+  // expert's rows, not the layout's blocks), with options.weight_grads.
   bool dw_wgmma = false;
   std::string source;   // "forward:" + the forward plan's source
 
@@ -118,8 +119,9 @@ struct BackwardPlan {
 // 'options.<field>'). Pure host code.
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options = {});
 // Sets each of the backward's GEMMs on the wgmma kernels as asked (h_wgmma, d_wgmma, dx_wgmma,
-// dw_wgmma) where `plan` allows it, as moe_backward validates it: block_m 128, h recomputed, dx
-// computed unsplit, weight gradients computed; the others run on the mma.sync tile. plan_backward
+// dw_wgmma) where `plan` allows it, as moe_backward validates it: h, D and dx at block_m 128 (h
+// recomputed, dx computed unsplit), dW wherever weight gradients are computed; the others run on
+// the mma.sync tile. plan_backward
 // calls it with all four; use_wgmma_gemms(plan, false, false, false, false) is the mma.sync path
 // (`moekit bench --backward --backward-mma-sync`, the GPU tests' comparisons).
 void use_wgmma_gemms(BackwardPlan& plan, bool h = true, bool d = true, bool dx = true, bool dw = true);

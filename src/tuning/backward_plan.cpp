@@ -102,9 +102,8 @@ void expect_backward_plan(const BackwardPlan& p, const char* entry) {
     fail(entry, "plan", "dx_wgmma needs block_m 128, dx_splits 1 and options.input_grad (got block_m " +
                             std::to_string(p.block_m) + ", dx_splits " + std::to_string(p.dx_splits) +
                             "): make plans with plan_backward");
-  if (p.dw_wgmma && (p.block_m != 128 || !p.options.weight_grads))
-    fail(entry, "plan", "dw_wgmma needs block_m 128 and options.weight_grads (got block_m " +
-                            std::to_string(p.block_m) + "): make plans with plan_backward");
+  if (p.dw_wgmma && !p.options.weight_grads)
+    fail(entry, "plan", "dw_wgmma needs options.weight_grads: make plans with plan_backward");
   if (p.dw_wgmma && tuning::wgmma_weight_grad_items(p.shape, p.dw_splits) > int64_t(INT32_MAX))
     fail(entry, "plan", "dw_wgmma: the weight gradients' " +
                             std::to_string(tuning::wgmma_weight_grad_items(p.shape, p.dw_splits)) +
@@ -158,8 +157,9 @@ void use_wgmma_gemms(BackwardPlan& p, bool h, bool d, bool dx, bool dw) {
   p.h_wgmma = wgmma && h && p.options.saved == SavedActivations::recompute;
   p.d_wgmma = wgmma && d;
   p.dx_wgmma = wgmma && dx && p.dx_splits == 1 && p.options.input_grad;
-  p.dw_wgmma = wgmma && dw && p.options.weight_grads &&
-               tuning::wgmma_weight_grad_items(p.shape, p.dw_splits) <= int64_t(INT32_MAX);
+  // dW reads its K range from expert_row_start and expert_counts (rows past the count copy zeros),
+  // not from the layout's blocks: any block_m.
+  p.dw_wgmma = dw && p.options.weight_grads && tuning::wgmma_weight_grad_items(p.shape, p.dw_splits) <= int64_t(INT32_MAX);
 }
 
 BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device, const BackwardOptions& options) {
@@ -185,8 +185,8 @@ BackwardPlan plan_backward(const ForwardPlan& forward, const DeviceInfo& device,
   p.dw_splits = options.weight_grads ? tuning::plan_weight_grad_splits(forward.shape, device) : 1;
   p.gate_splits = options.router == RouterGrad::gate ? tuning::plan_gate_grad_splits(forward.shape, device) : 1;
   p.tile_rows = tuning::plan_backward_tile_rows(forward.shape, p.block_m);
-  // h, D, dx and dW on the wgmma kernels wherever the layout allows it (block_m 128): faster than
-  // the mma.sync tile at every measured T (docs/perf/NOTES.md, "Backward").
+  // h, D and dx on the wgmma kernels wherever the layout allows it (block_m 128), dW at every
+  // block_m: faster than the mma.sync tile at every measured T (docs/perf/NOTES.md, "Backward").
   use_wgmma_gemms(p);
   p.source = "forward:" + forward.source;
   return p;

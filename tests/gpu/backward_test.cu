@@ -15,8 +15,9 @@ namespace moekit::test {
 namespace {
 
 TEST_F(BackwardTest, MatchesTheOracle) {
-  // Each case with the planner's kernels (h, D and dx on wgmma wherever block_m is 128), then
-  // with every ragged GEMM on the mma.sync tile: the planner's rows, then 128 x 256.
+  // Each case with the planner's kernels (h, D and dx on wgmma wherever block_m is 128, dW at
+  // every block_m), then with every ragged GEMM on the mma.sync tile: the planner's rows, then
+  // 128 x 256.
   for (const PlanOverride over : kPlanVariants)
   for (SavedActivations saved : {SavedActivations::recompute, SavedActivations::h}) {
     over_ = over;

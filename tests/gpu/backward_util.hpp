@@ -156,7 +156,7 @@ struct Outputs {
 // Kernel choices a test makes instead of the planner's, each where the plan allows it. The
 // default keeps the planner's plan; mma_sync() runs every GEMM on the mma.sync tile (of tile_rows
 // rows where they divide block_m, 0: the planner's), wgmma(h, d, dx, dw) those asked for on the
-// wgmma kernels (block_m 128; h: recomputed; dx: unsplit) and the rest on the mma.sync tile.
+// wgmma kernels (h, D, dx: block_m 128; h: recomputed; dx: unsplit) and the rest on the mma.sync tile.
 struct PlanOverride {
   bool planner = true;
   int tile_rows = 0;
@@ -169,8 +169,8 @@ struct PlanOverride {
     use_wgmma_gemms(p, h_wgmma, d_wgmma, dx_wgmma, dw_wgmma);
   }
 };
-// The planner's kernels (h, D, dx and dW on wgmma wherever block_m is 128), and every GEMM on the
-// mma.sync tile: the planner's rows, then the 128 x 256 tile.
+// The planner's kernels (h, D and dx on wgmma wherever block_m is 128, dW at every block_m), and
+// every GEMM on the mma.sync tile: the planner's rows, then the 128 x 256 tile.
 inline const PlanOverride kPlanVariants[] = {PlanOverride{}, PlanOverride::mma_sync(),
                                              PlanOverride::mma_sync(128)};
 

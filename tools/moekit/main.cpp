@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
                       "dW), its forward + backward as one graph, and a cuBLAS loop of its GEMMs");
   bench_cmd->add_flag("--backward-mma-sync", bench.backward_mma_sync,
                       "with --backward: run its h, D, dx and dW GEMMs on the mma.sync tile instead of the wgmma kernel the "
-                      "planner picks where the layout's block_m is 128 (use_wgmma_gemms(plan, false, false, false, false))")
+                      "planner picks (h, D, dx where the layout's block_m is 128, dW at every block_m; use_wgmma_gemms(plan, "
+                      "false, false, false, false))")
       ->needs(backward_flag);
 
   moekit::cli::CheckArgs check;
