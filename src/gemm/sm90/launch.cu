@@ -186,13 +186,28 @@ void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, i
     fail("moe_backward", "plan", "the wgmma backward GEMMs are Dx, DGrad and UpH");
 }
 
+// The weight gradients' bf16 out [E][m_dim][n_dim] as (n_dim, m_dim, E, 1): each consumer warp
+// stores 64 x 16 boxes of it (sm90/weight_grad.cuh, store_bf16_rows); rows past m_dim stay inside
+// their expert (dimension 1 ends there) and the TMA writes nothing outside the tensor.
+static CUtensorMap make_weight_grad_out_map(const kernels::gemm::KGroupedParams& p) {
+  const cuuint64_t dims[4] = {cuuint64_t(p.n_dim), cuuint64_t(p.m_dim), cuuint64_t(p.experts), 1};
+  const cuuint64_t row_bytes = cuuint64_t(p.n_dim) * 2;  // a multiple of 16: n_dim is H or F, multiples of 8
+  const cuuint64_t strides[3] = {row_bytes, row_bytes * cuuint64_t(p.m_dim), row_bytes * cuuint64_t(p.m_dim) * cuuint64_t(p.experts)};
+  const cuuint32_t box[4] = {64, 16, 1, 1};
+  return encode_map(p.out, dims, strides, box,
+                    "of the weight gradient (" + std::to_string(p.experts) + "x" + std::to_string(p.m_dim) + "x" +
+                        std::to_string(p.n_dim) + ")");
+}
+
 template <bool kATokens>
 void launch_weight_grad_instance(const kernels::gemm::KGroupedParams& p, int64_t items, cudaStream_t stream) {
   using Cfg = sm90::WeightGradCfg;
   constexpr auto kernel = sm90::sm90_weight_grad_kernel<kATokens>;
   const int64_t grid = std::min(persistent_sms<Cfg, kernel>(), items);
+  const CUtensorMap out_map = !p.f32 && !p.partials ? make_weight_grad_out_map(p) : CUtensorMap{};
   MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
-  launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p);
+  launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
+             out_map);
 }
 
 void launch_sm90_weight_grad(const kernels::gemm::KGroupedParams& p_in, bool a_by_token, cudaStream_t stream) {

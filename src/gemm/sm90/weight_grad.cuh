@@ -41,13 +41,18 @@ namespace moekit::kernels::gemm::sm90 {
 
 // 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
 // plus each producer warp's table of the rows it gathers in a stage (16 addresses, see GatherRows).
-// And each consumer warp's 2 KB for the bf16 epilogue (store_bf16_rows: 16 rows x 64 columns).
+// And each consumer warp's two 2 KB chunks for the bf16 epilogue (store_bf16_rows: 16 rows x 64
+// columns each, filled in turn while the TMA stores the other), 1024-byte aligned: the store reads
+// them through the 128-byte swizzle, a function of the address.
 struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
   static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 8;
-  static constexpr uint32_t kEpiStageOffset = (kRowTableOffset + kRowTableBytes + 127) / 128 * 128;
-  static constexpr uint32_t kEpiStageBytes = 16 * 64 * 2;  // a warp's
+  static constexpr uint32_t kEpiStageOffset = (kRowTableOffset + kRowTableBytes + 1023) / 1024 * 1024;
+  static constexpr uint32_t kEpiChunkBytes = 16 * 64 * 2;
+  static constexpr uint32_t kEpiStageBytes = 2 * kEpiChunkBytes;  // a warp's
   static constexpr size_t kSmemBytes = kEpiStageOffset + kConsumerThreads / 32 * kEpiStageBytes + kSwizzleAtomBytes;
+  static_assert(kSmemBytes <= 227 * 1024, "an sm_90 CTA has at most 227 KB of shared memory");
+  static_assert(kBlockN / 64 % 2 == 0, "a tile's 64-column chunks alternate between a warp's two: chunk c refills c - 2's");
 };
 inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
 
@@ -256,39 +261,42 @@ __device__ __forceinline__ void add_rows(const KGroupedParams& p, const float (&
   }
 }
 
-// The finished tile to a bf16 out through the warp's 2 KB of shared memory (`stage`), 64 columns
-// at a time: the warp's 16 rows of them go in by stmatrix (8 packed accumulators a lane per
-// 16 x 16 block, the fragment's own layout: no shuffles), then come back as 16-byte chunks, 4
-// rows of 128 contiguous bytes a warp store. A stage row is 128 bytes with its 16-byte chunks
-// XORed with row % 8, so the 8 rows of a matrix (stmatrix) and the 8 chunks of a row (the reads)
-// fall in different banks. Rows past m_dim and columns past n_dim (a multiple of 8) store nothing.
+// The finished tile to a bf16 out through the warp's two 2 KB chunks of shared memory (`stage`),
+// 64 columns at a time: the warp's 16 rows of them go in by stmatrix (8 packed accumulators a lane
+// per 16 x 16 block, the fragment's own layout: no shuffles), and lane 0 hands the chunk to the
+// TMA (a 64 x 16 box of out_map at the warp's rows). The warp goes on while the TMA drains the
+// chunk to memory, so an item's stores run under the next item's mainloop; it waits only before
+// refilling a chunk whose store, issued two chunks earlier, has not yet read it. A chunk row is
+// 128 bytes with its 16-byte pieces XORed with row % 8: the map's 128-byte swizzle, and the 8
+// rows of a matrix (stmatrix) in different banks. The TMA writes nothing past m_dim or n_dim.
 template <class Cfg>
-__device__ __forceinline__ void store_bf16_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
+__device__ __forceinline__ void store_bf16_rows(const CUtensorMap* out_map, const float (&acc)[Cfg::kAccs],
                                                 const WeightGradItem& w, int wg, int warp, int lane, uint32_t stage) {
-  auto at = [&](int row, int chunk) { return stage + uint32_t(row * 128 + ((chunk ^ (row & 7)) * 16)); };
-  // stmatrix: lane l addresses row l % 8 (+8 for matrices 1 and 3) of the chunk pair's chunk l / 16.
-  const int st_row = lane % 8 + 8 * ((lane / 8) & 1), st_chunk = lane / 16;
-  // the reads: lane l takes chunk l % 8 of rows l / 8 + 4i
-  const int ld_chunk = lane % 8;
-  const int64_t row0 = w.m0 + wg * kWgmmaM + 16 * warp;  // the warp's first output row
-  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + (int64_t(w.expert) * p.m_dim) * p.n_dim;
+  auto at = [](uint32_t chunk_base, int row, int piece) {
+    return chunk_base + uint32_t(row * 128 + ((piece ^ (row & 7)) * 16));
+  };
+  // stmatrix: lane l addresses row l % 8 (+8 for matrices 1 and 3) of the piece pair's piece l / 16.
+  const int st_row = lane % 8 + 8 * ((lane / 8) & 1), st_piece = lane / 16;
+  const int32_t row0 = w.m0 + wg * kWgmmaM + 16 * warp;  // the warp's first row of dW_e
 #pragma unroll
   for (int c = 0; c < Cfg::kBlockN / 64; ++c) {
-    __syncwarp();  // the last chunk's reads are done
+    const uint32_t chunk = stage + uint32_t(c % 2) * Cfg::kEpiChunkBytes;
+    if (lane == 0) ptx::bulk_wait_group_read<1>();  // the chunk's last store (two groups ago) has read it
+    __syncwarp();
 #pragma unroll
     for (int pr = 0; pr < 4; ++pr) {
       const int j = 8 * c + 2 * pr;  // n8 blocks j and j + 1
-      ptx::stmatrix_x4(at(st_row, 2 * pr + st_chunk), pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
+      ptx::stmatrix_x4(at(chunk, st_row, 2 * pr + st_piece), pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
                        pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
                        pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
     }
+    ptx::fence_proxy_async_smem();  // this lane's writes, before the TMA's (async-proxy) reads of them
     __syncwarp();
-    const int64_t n = w.n0 + 64 * c + 8 * ld_chunk;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = lane / 8 + 4 * i;
-      const uint4 v = ptx::ld_shared_v4(at(r, ld_chunk));
-      if (row0 + r < p.m_dim && n < p.n_dim) *reinterpret_cast<uint4*>(out + (row0 + r) * p.n_dim + n) = v;
+    // Every chunk is one group, also a box wholly past n_dim (which writes nothing), so the wait
+    // above always counts the groups of both chunks.
+    if (lane == 0) {
+      ptx::tma_store_4d(out_map, chunk, w.n0 + 64 * c, row0, w.expert, 0);
+      ptx::bulk_commit_group();
     }
   }
 }
@@ -296,8 +304,9 @@ __device__ __forceinline__ void store_bf16_rows(const KGroupedParams& p, const f
 // The tile's one destination: this split's FP32 partials, else out as f32 (added to, or stored)
 // or bf16 (through `stage`, the warp's epilogue bytes).
 template <class Cfg>
-__device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
-                                                  const WeightGradItem& w, int wg, int warp, int lane, uint32_t stage) {
+__device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const CUtensorMap* out_map,
+                                                  const float (&acc)[Cfg::kAccs], const WeightGradItem& w, int wg,
+                                                  int warp, int lane, uint32_t stage) {
   using Word4 = const uint32_t (&)[4];
   if (p.accumulate && !p.partials) return add_rows<Cfg>(p, acc, w, wg, warp, lane);
   if (p.partials || p.f32) {
@@ -308,11 +317,12 @@ __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const
     });
     return;
   }
-  store_bf16_rows<Cfg>(p, acc, w, wg, warp, lane, stage);
+  store_bf16_rows<Cfg>(out_map, acc, w, wg, warp, lane, stage);
 }
 
 template <class Cfg>
-__device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, const Smem<Cfg>& sm, int32_t items) {
+__device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, const CUtensorMap* out_map,
+                                                    const Smem<Cfg>& sm, int32_t items) {
   // warp-uniform (see kernel.cuh's consume): the descriptors then live in uniform registers
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
@@ -336,13 +346,17 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
     const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
-    if (live && !adds_nothing) store_weight_grad<Cfg>(p, acc, w, wg, warp, lane, epi_stage);
+    if (live && !adds_nothing) store_weight_grad<Cfg>(p, out_map, acc, w, wg, warp, lane, epi_stage);
     it = next;
   }
+  if (lane == 0) ptx::bulk_wait_group<0>();  // this warp's bf16 stores written before it exits
 }
 
+// out_map: the bf16 out [E][m_dim][n_dim] as (n_dim, m_dim, E, 1), 64 x 16 boxes, 128-byte swizzle
+// (unused, and zeros, for an f32 out or split partials).
 template <bool kATokens>
-__global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGroupedParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_weight_grad_kernel(const KGroupedParams p, const __grid_constant__ CUtensorMap out_map) {
   using Cfg = WeightGradCfg;
   extern __shared__ unsigned char smem_raw[];
   // The expert GEMM kernel's barriers (kernel.cuh), its "full" expecting the cp.async arrivals only.
@@ -357,6 +371,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGr
       ptx::mbar_init(sm.item_empty(s), kThreads);  // every thread arrives (take_item<Cfg, true>)
     }
     ptx::mbar_init_fence();
+    if (!p.f32 && !p.partials) ptx::tma_prefetch_desc(&out_map);
   }
   dev::pdl_enter();  // launched with PDL: the rows, their order and the counts come from predecessors
   __syncthreads();
@@ -367,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1) sm90_weight_grad_kernel(const KGr
     produce_weight_grad<kATokens>(p, smem_layout<Cfg>(smem_raw), items);
   } else {
     ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
-    consume_weight_grad(p, smem_layout<Cfg>(smem_raw), items);
+    consume_weight_grad(p, &out_map, smem_layout<Cfg>(smem_raw), items);
   }
 }
 
