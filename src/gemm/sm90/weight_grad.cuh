@@ -39,21 +39,20 @@
 
 namespace moekit::kernels::gemm::sm90 {
 
-// 128 x 256 tiles, 3 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
+// 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
 // plus each producer warp's table of the rows it gathers in a stage (16 addresses, see GatherRows).
-// And each consumer warp's four 2 KB chunks for the bf16 epilogue (store_bf16_rows: 16 rows x 64
-// columns each, a whole tile's, so the TMA has an item's epilogue until the next one), 1024-byte
-// aligned: the store reads them through the 128-byte swizzle, a function of the address.
-struct WeightGradCfg : Config<256, 3> {
+// And each consumer warp's two 2 KB chunks for the bf16 epilogue (store_bf16_rows: 16 rows x 64
+// columns each, filled in turn while the TMA stores the other), 1024-byte aligned: the store reads
+// them through the 128-byte swizzle, a function of the address.
+struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
   static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 8;
   static constexpr uint32_t kEpiStageOffset = (kRowTableOffset + kRowTableBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kEpiChunkBytes = 16 * 64 * 2;
-  static constexpr int kEpiChunks = kBlockN / 64;
-  static constexpr uint32_t kEpiStageBytes = kEpiChunks * kEpiChunkBytes;  // a warp's
+  static constexpr uint32_t kEpiStageBytes = 2 * kEpiChunkBytes;  // a warp's
   static constexpr size_t kSmemBytes = kEpiStageOffset + kConsumerThreads / 32 * kEpiStageBytes + kSwizzleAtomBytes;
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 CTA has at most 227 KB of shared memory");
-  static_assert(kEpiChunks == 4, "store_bf16_rows waits for at most 3 pending chunk stores");
+  static_assert(kBlockN / 64 % 2 == 0, "a tile's 64-column chunks alternate between a warp's two: chunk c refills c - 2's");
 };
 inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
 
@@ -262,12 +261,12 @@ __device__ __forceinline__ void add_rows(const KGroupedParams& p, const float (&
   }
 }
 
-// The finished tile to a bf16 out through the warp's four 2 KB chunks of shared memory (`stage`),
+// The finished tile to a bf16 out through the warp's two 2 KB chunks of shared memory (`stage`),
 // 64 columns at a time: the warp's 16 rows of them go in by stmatrix (8 packed accumulators a lane
 // per 16 x 16 block, the fragment's own layout: no shuffles), and lane 0 hands the chunk to the
 // TMA (a 64 x 16 box of out_map at the warp's rows). The warp goes on while the TMA drains the
 // chunk to memory, so an item's stores run under the next item's mainloop; it waits only before
-// refilling a chunk whose store, issued for the previous item, has not yet read it. A chunk row is
+// refilling a chunk whose store, issued two chunks earlier, has not yet read it. A chunk row is
 // 128 bytes with its 16-byte pieces XORed with row % 8: the map's 128-byte swizzle, and the 8
 // rows of a matrix (stmatrix) in different banks. The TMA writes nothing past m_dim or n_dim.
 template <class Cfg>
@@ -281,8 +280,8 @@ __device__ __forceinline__ void store_bf16_rows(const CUtensorMap* out_map, cons
   const int32_t row0 = w.m0 + wg * kWgmmaM + 16 * warp;  // the warp's first row of dW_e
 #pragma unroll
   for (int c = 0; c < Cfg::kBlockN / 64; ++c) {
-    const uint32_t chunk = stage + uint32_t(c) * Cfg::kEpiChunkBytes;
-    if (lane == 0) ptx::bulk_wait_group_read<Cfg::kEpiChunks - 1>();  // its last store (4 groups ago) has read it
+    const uint32_t chunk = stage + uint32_t(c % 2) * Cfg::kEpiChunkBytes;
+    if (lane == 0) ptx::bulk_wait_group_read<1>();  // the chunk's last store (two groups ago) has read it
     __syncwarp();
 #pragma unroll
     for (int pr = 0; pr < 4; ++pr) {
@@ -294,7 +293,7 @@ __device__ __forceinline__ void store_bf16_rows(const CUtensorMap* out_map, cons
     ptx::fence_proxy_async_smem();  // this lane's writes, before the TMA's (async-proxy) reads of them
     __syncwarp();
     // Every chunk is one group, also a box wholly past n_dim (which writes nothing), so the wait
-    // above always counts one group a chunk.
+    // above always counts the groups of both chunks.
     if (lane == 0) {
       ptx::tma_store_4d(out_map, chunk, w.n0 + 64 * c, row0, w.expert, 0);
       ptx::bulk_commit_group();
