@@ -346,8 +346,7 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
     const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
-    // COUNTER-EXPERIMENT (wrong results): no stores, to time dW's producer and mainloop alone.
-    if (live && !adds_nothing && p.m_dim < 0) store_weight_grad<Cfg>(p, out_map, acc, w, wg, warp, lane, epi_stage);
+    if (live && !adds_nothing) store_weight_grad<Cfg>(p, out_map, acc, w, wg, warp, lane, epi_stage);
     it = next;
   }
   if (lane == 0) ptx::bulk_wait_group<0>();  // this warp's bf16 stores written before it exits
