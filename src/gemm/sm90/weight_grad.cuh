@@ -190,9 +190,7 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
     for (int32_t kt = 0; kt < k.k_tiles; ++kt, pipe.advance()) {
       const int32_t row0 = k.first + kt * kBlockK;
       const bool has_row = id >= 0 && id < p.num_assign;
-      // COUNTER-EXPERIMENT (wrong results): the token row of the sorted row's index, not of its id,
-      // so the gathered rows are k-fold repeated neighbours (L1 / L2 hits), the instructions the same.
-      const uint64_t src = has_row ? tile_cols + uint64_t(p.topk_div.div(uint32_t(row0 + my_row))) * gathered_row_bytes
+      const uint64_t src = has_row ? tile_cols + uint64_t(p.topk_div.div(uint32_t(id))) * gathered_row_bytes
                                    : reinterpret_cast<uint64_t>(kZeroRow[(blockIdx.x + uint32_t(my_row)) % kZeroRows]);
       if (kt + 1 < k.k_tiles) load_id(row0 + kBlockK);
       __syncwarp();  // every lane has read the last stage's table
