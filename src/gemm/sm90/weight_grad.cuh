@@ -342,12 +342,11 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     // the epilogue to here, the registers the item's bookkeeping needs.
 #pragma unroll
     for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
-    // COUNTER-EXPERIMENT (wrong results): no wgmma and no stores, the producer's rate alone.
-    if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, p.m_dim < 0, [] {});
+    if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
     const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
-    if (live && !adds_nothing && p.m_dim < 0) store_weight_grad<Cfg>(p, out_map, acc, w, wg, warp, lane, epi_stage);
+    if (live && !adds_nothing) store_weight_grad<Cfg>(p, out_map, acc, w, wg, warp, lane, epi_stage);
     it = next;
   }
   if (lane == 0) ptx::bulk_wait_group<0>();  // this warp's bf16 stores written before it exits
