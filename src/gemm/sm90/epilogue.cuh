@@ -242,8 +242,6 @@ struct Epilogue<Mode::DGrad, Cfg> {
   // is computed: 2 · 32 registers, beside the 128 accumulators.
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
-    // COUNTER-EXPERIMENT (wrong results): no h loads, no math, no stores: the mainloop alone.
-    if (p.n_dim >= 0) return;
     constexpr int kGroups = kBlocks / kGroupBlocks, kQuads = kGroupBlocks / 4;  // 32-column quads a group
     const bool row_ok = id < p.num_assign;
     const float w = weights[h];
