@@ -187,7 +187,7 @@ void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, i
 }
 
 // The weight gradients' bf16 out [E][m_dim][n_dim] as (n_dim, m_dim, E, 1): each consumer warp
-// stores 64 x 16 boxes of it (sm90/weight_grad.cuh, store_bf16_rows); rows past m_dim stay inside
+// stores 64 x 16 boxes of it (sm90/weight_grad_epilogue.cuh, store_bf16_rows); rows past m_dim stay inside
 // their expert (dimension 1 ends there) and the TMA writes nothing outside the tensor.
 static CUtensorMap make_weight_grad_out_map(const kernels::gemm::KGroupedParams& p) {
   const cuuint64_t dims[4] = {cuuint64_t(p.n_dim), cuuint64_t(p.m_dim), cuuint64_t(p.experts), 1};
