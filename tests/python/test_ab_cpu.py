@@ -107,6 +107,8 @@ exe = next(a for a in sys.argv[1:] if a.endswith("/moekit"))
 here = os.path.dirname(exe)
 speed = float(open(os.path.join(here, "speed")).read())
 shown = "/elsewhere/moekit" if os.path.exists(os.path.join(here, "lie")) else exe
+with open(os.path.join(here, "ncu_args"), "a") as log:  # what each item asked the bench for
+    log.write(" ".join(sys.argv[sys.argv.index(exe) + 1:]) + "\n")
 print(f"==PROF== Connected to process 7 ({shown})")
 w = csv.writer(sys.stdout, quoting=csv.QUOTE_ALL)
 w.writerow(["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
@@ -128,12 +130,24 @@ def fake_ncu(tmp):
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-def ab_ncu(tmp, *builds, rounds=0):
+def ab_ncu(tmp, *builds, rounds=0, items="p1:16384:backward,p2:1024"):
     out = tmp / "out"
     r = subprocess.run([str(AB), *map(str, builds), "--presets", "p1", "--tokens", "16", "--rounds", str(rounds),
-                        "--budget", "120", "--out", str(out), "--ncu", "p1:16384:backward,p2:1024"],
+                        "--budget", "120", "--out", str(out), "--ncu", items],
                        capture_output=True, text=True, env=fake_ncu(tmp))
     return r, out
+
+
+def test_ncu_items_pick_the_bench_mode(tmp_path):
+    old, new = build(tmp_path, "old", 1.0), build(tmp_path, "new", 0.8)
+    r, out = ab_ncu(tmp_path, old, new, items="p1:16384:backward,p2:1024:fp8,p3:64")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for side in (old, new):
+        args = (side / "ncu_args").read_text().splitlines()
+        assert [a.split(" --warmup")[0] for a in args] == [
+            "bench --backward --preset p1 --tokens 16384", "bench --dtype fp8 --preset p2 --tokens 1024",
+            "bench --preset p3 --tokens 64"], args
+    assert "ncu p2:1024:fp8" in (out / "summary.txt").read_text()
 
 
 def test_ncu_tables_per_kernel_at_the_locked_clock(tmp_path):
