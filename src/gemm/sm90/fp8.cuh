@@ -91,8 +91,6 @@ struct Fp8UpEpilogue {
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
-    // COUNTER-EXPERIMENT (wrong results): no SwiGLU, no quantization, no stores: the mainloop alone.
-    if (p.n_dim >= 0) return;
     const int q = lane & 3;
     const bool row_ok = id < p.num_assign;
     float act[32];  // blocks 4g + i (g, i < 4), columns 2q, 2q + 1: act[8g + 2i + c]
