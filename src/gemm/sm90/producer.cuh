@@ -74,10 +74,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       const int32_t id = p.sorted_ids[r];
       const bool ok = id < p.num_assign;
       // ids are non-negative int32: 32-bit division (a 64-bit one is a register-hungry call)
-      // COUNTER-EXPERIMENT (wrong results): the token row of the sorted row's index (mod T·k), not of
-      // its id: neighbouring rows k-fold repeated (L1 / L2 hits), every instruction kept.
-      const int32_t src_row =
-          a_by_token(M) ? (ok ? int32_t(uint32_t(r % int32_t(p.num_assign)) / uint32_t(p.topk)) : 0) : r;
+      const int32_t src_row = a_by_token(M) ? (ok ? int32_t(uint32_t(id) / uint32_t(p.topk)) : 0) : r;
       src[i] = p.a + int64_t(src_row) * p.k_dim + chunk * 8;
       row_ok |= uint32_t(ok) << i;
       if constexpr (Cfg::kFp8)
