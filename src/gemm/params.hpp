@@ -113,6 +113,9 @@ struct KGroupedParams {
   void* out;                        // [E, m_dim, n_dim] bf16, or f32 (f32; accumulate: +=)
   float* partials;                  // splits > 1: [splits, E, m_dim, n_dim] f32 instead of out
   int f32, accumulate;
+  // The tile goes to a bf16 out (the TMA-store epilogue and its tensor map); else FP32 (partials, or
+  // out as f32, accumulate implying f32).
+  MK_HD bool bf16_out() const { return !f32 && partials == nullptr; }
 };
 
 // Output columns of a tile of `block_n` B rows: Up (and UpH) pairs block_n/2 gate rows with the

@@ -204,7 +204,7 @@ void launch_weight_grad_instance(const kernels::gemm::KGroupedParams& p, int64_t
   using Cfg = sm90::WeightGradCfg;
   constexpr auto kernel = sm90::sm90_weight_grad_kernel<kATokens>;
   const int64_t grid = std::min(persistent_sms<Cfg, kernel>(), items);
-  const CUtensorMap out_map = !p.f32 && !p.partials ? make_weight_grad_out_map(p) : CUtensorMap{};
+  const CUtensorMap out_map = p.bf16_out() ? make_weight_grad_out_map(p) : CUtensorMap{};
   MK_CUDA_CHECK(cudaMemsetAsync(p.tile_counter, 0, sizeof(int32_t), stream));
   launch_pdl("sm90_weight_grad_kernel", kernel, dim3(unsigned(grid)), dim3(sm90::kThreads), Cfg::kSmemBytes, stream, p,
              out_map);

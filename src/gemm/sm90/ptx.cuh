@@ -30,15 +30,6 @@ __device__ __forceinline__ void st_shared_u64(uint32_t addr, uint64_t v) {
 __device__ __forceinline__ void ld_shared_v2_u64(uint32_t addr, uint64_t (&v)[2]) {
   asm volatile("ld.shared.v2.b64 {%0, %1}, [%2];\n" : "=l"(v[0]), "=l"(v[1]) : "r"(addr) : "memory");
 }
-// Four consecutive 32-bit words (16-byte aligned): one LDS.128.
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
 __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");

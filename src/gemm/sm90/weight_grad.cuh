@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbar_init(sm.item_empty(s), kThreads);  // every thread arrives (take_item<Cfg, true>)
     }
     ptx::mbar_init_fence();
-    if (!p.f32 && !p.partials) ptx::tma_prefetch_desc(&out_map);
+    if (p.bf16_out()) ptx::tma_prefetch_desc(&out_map);
   }
   dev::pdl_enter();  // launched with PDL: the rows, their order and the counts come from predecessors
   __syncthreads();

@@ -21,10 +21,10 @@ __device__ __forceinline__ int64_t tile_row(const WeightGradItem& w, int wg, int
   return w.m0 + wg * kWgmmaM + acc_row(warp, lane, 2 * h);
 }
 
-// The finished tile to out (or this split's partials) as 8 consecutive columns a lane: each group
-// of 4 n8 blocks is transposed across the lane quad (layout.hpp, quad_transpose: once for the even
-// columns, once for the odd), so a row's stores are 16-byte (bf16) or 2 x 16-byte (FP32) accesses
-// and a quad's cover 64-128 contiguous bytes. Every lane takes part in the shuffles; rows past
+// The finished tile to an f32 out (or this split's partials) as 8 consecutive columns a lane: each
+// group of 4 n8 blocks is transposed across the lane quad (layout.hpp, quad_transpose: once for the
+// even columns, once for the odd), so a row's stores are 2 x 16-byte accesses and a quad's cover 128
+// contiguous bytes. Every lane takes part in the shuffles; rows past
 // m_dim and columns past n_dim (a multiple of 8) store nothing.
 template <class Cfg, class Store>
 __device__ __forceinline__ void store_rows(const KGroupedParams& p, const float (&acc)[Cfg::kAccs],
@@ -120,7 +120,7 @@ __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const
                                                   int warp, int lane, uint32_t stage) {
   using Word4 = const uint32_t (&)[4];
   if (p.accumulate && !p.partials) return add_rows<Cfg>(p, acc, w, wg, warp, lane);
-  if (p.partials || p.f32) {
+  if (!p.bf16_out()) {
     float* out = p.partials ? p.partials + int64_t(w.split) * p.experts * p.m_dim * p.n_dim : static_cast<float*>(p.out);
     store_rows<Cfg>(p, acc, w, wg, warp, lane, [&](int64_t i, Word4 e, Word4 o) {
       reinterpret_cast<uint4*>(out + i)[0] = make_uint4(e[0], o[0], e[1], o[1]);
