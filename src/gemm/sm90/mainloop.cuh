@@ -31,12 +31,10 @@ __device__ __forceinline__ void release_stages(const Smem<Cfg>& sm, int32_t k_ti
 // accumulators across the asynchronous wgmma. after_first_step() runs once the first group is
 // issued (the epilogue's loads go there: kernel.cuh), last_stage_full() once the last stage has
 // been seen full (a ping-pong warpgroup gives the other its turn there: pingpong.cuh).
-// keep_last: the last stage is not handed back (its arrival is the caller's, once it is done with
-// the stage's memory: the weight gradients' epilogue stores through it). Returns the last stage.
 template <class Cfg, class Fence, class Issue, class First, class LastFull>
-__device__ __forceinline__ uint32_t wgmma_k_loop(const Smem<Cfg>& sm, int32_t k_tiles, Pipe<Cfg::kStages>& pipe,
-                                                 int lane, Fence&& fence, Issue&& issue, First&& after_first_step,
-                                                 LastFull&& last_stage_full, bool keep_last = false) {
+__device__ __forceinline__ void wgmma_k_loop(const Smem<Cfg>& sm, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
+                                             Fence&& fence, Issue&& issue, First&& after_first_step,
+                                             LastFull&& last_stage_full) {
   uint32_t prev_stage = 0;
   for (int32_t kt = 0; kt < k_tiles; ++kt, pipe.advance()) {
     const uint32_t stage = pipe.stage;
@@ -60,8 +58,7 @@ __device__ __forceinline__ uint32_t wgmma_k_loop(const Smem<Cfg>& sm, int32_t k_
   }
   ptx::wgmma_wait<0>();
   fence();
-  if (lane == 0 && !keep_last) ptx::mbar_arrive(sm.empty(prev_stage));
-  return prev_stage;
+  if (lane == 0) ptx::mbar_arrive(sm.empty(prev_stage));
 }
 
 // acc = A[64 rows of this warpgroup] · B[BN]ᵀ over the tile's K: per stage 4 x wgmma.m64nBNk16.
@@ -69,16 +66,15 @@ __device__ __forceinline__ uint32_t wgmma_k_loop(const Smem<Cfg>& sm, int32_t k_
 // runs alone, at up to the SM's whole tensor rate, and the tile ends sooner.
 // kBNMajor: B is N-major (Dx, the weight gradients: make_desc_mn_sw128, imm-trans-b), its k16
 // slices 16 K rows apart; kAMMajor: A is M-major alike (the weight gradients: imm-trans-a).
-// keep_last (k_tiles > 0, live): the last stage stays this warp's, returned (wgmma_k_loop); else -1.
 template <class Cfg, bool kBNMajor = false, bool kAMMajor = false, class Hook>
-__device__ __forceinline__ int32_t mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
-                                            uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
-                                            bool live, Hook&& after_first_step, bool keep_last = false) {
+__device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cfg>& sm, uint64_t desc_a0,
+                                         uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
+                                         bool live, Hook&& after_first_step) {
   static_assert(!kAMMajor || kBNMajor, "an M-major A is wrapped with an N-major B only");
   if (!live) {
     after_first_step();
     release_stages(sm, k_tiles, pipe, lane);
-    return -1;
+    return;
   }
   auto issue = [&](uint32_t stage, int32_t kt) {
     const uint64_t desc_a = desc_advance(desc_a0, stage * Cfg::kABytes);
@@ -98,9 +94,7 @@ __device__ __forceinline__ int32_t mma_tile(float (&acc)[Cfg::kAccs], const Smem
         ptx::wgmma_m64n128k16(acc, desc_advance(desc_a, k_bytes), desc_advance(desc_b, k_bytes), accumulate);
     }
   };
-  const uint32_t last =
-      wgmma_k_loop(sm, k_tiles, pipe, lane, [&] { ptx::fence_operands(acc); }, issue, after_first_step, [] {}, keep_last);
-  return keep_last ? int32_t(last) : -1;
+  wgmma_k_loop(sm, k_tiles, pipe, lane, [&] { ptx::fence_operands(acc); }, issue, after_first_step, [] {});
 }
 
 }  // namespace moekit::kernels::gemm::sm90

@@ -51,12 +51,6 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t arrivals) {
 }
 // Makes the initialised barriers visible to the async proxy (TMA complete_tx) and the cluster.
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// bar.sync on named barrier kId (1-15; 0 is __syncthreads') for kThreads threads (a multiple of 32).
-template <int kId, int kThreads>
-__device__ __forceinline__ void named_barrier_sync() {
-  static_assert(kId > 0 && kId < 16 && kThreads % 32 == 0, "a named barrier and whole warps");
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
-}
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
 }

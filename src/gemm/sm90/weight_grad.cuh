@@ -43,9 +43,8 @@ namespace moekit::kernels::gemm::sm90 {
 // 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
 // plus each producer warp's table of the rows it gathers in a stage (16 addresses, see GatherRows).
 // And each consumer warp's two 2 KB chunks for the bf16 epilogue (store_bf16_rows: 16 rows x 64
-// columns each, a tile's chunks 0 and 1; its chunks 2 and 3 go to the warp's 4 KB of the stage
-// the item ended on), 1024-byte aligned: the store reads them through the 128-byte swizzle, a
-// function of the address.
+// columns each, filled in turn while the TMA stores the other), 1024-byte aligned: the store reads
+// them through the 128-byte swizzle, a function of the address.
 struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
   static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 8;
@@ -214,21 +213,6 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
   const uint64_t desc_a0 = make_desc_mn_sw128(sm.a(0) + uint32_t(wg) * kMnPanelBytes);
   const uint64_t desc_b0 = make_desc_mn_sw128(sm.b(0));
   const uint32_t epi_stage = sm.base + Cfg::kEpiStageOffset + uint32_t(threadIdx.x / 32) * Cfg::kEpiStageBytes;
-  // A bf16 out keeps each item's last ring stage for the epilogue's chunks 2 and 3 (store_bf16_rows):
-  // a warp hands it back once those stores have read it, after the next item's first wgmma is
-  // issued (or before that item's stores, where it has no K-tiles), so no store waits on a chunk.
-  // Lane 0 issued the warp's stores, so it alone waits for them and arrives; the other lanes no
-  // longer touch the stage (no __syncwarp: one under this data-dependent branch made ptxas treat
-  // every later .aligned instruction as possibly divergent, WARPSYNC.COLLECTIVE).
-  const bool keep_stages = p.bf16_out();
-  uint32_t kept = kNoStage;
-  auto hand_back = [&] {
-    if (lane == 0 && kept != kNoStage) {
-      ptx::bulk_wait_group_read<0>();
-      ptx::mbar_arrive(sm.empty(kept));
-    }
-    kept = kNoStage;
-  };
   float acc[Cfg::kAccs];
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
@@ -241,21 +225,11 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
     // the epilogue to here, the registers the item's bookkeeping needs.
 #pragma unroll
     for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
-    int32_t last = -1;
-    if (k.k_tiles > 0)
-      last = mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, hand_back,
-                                       keep_stages && live);
-    hand_back();  // where the hook did not run (no K-tiles)
-    // Both warpgroups read all of the kept stage's B, and a warp's wgmma wait covers only its own
-    // share: every consumer warp is past its last wgmma before any writes its chunks there.
-    // (Uniform: k_tiles is the item's, keep_stages the launch's; a warpgroup with no rows arrives too.)
-    if (keep_stages && k.k_tiles > 0) ptx::named_barrier_sync<1, kConsumerThreads>();
+    if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
     const Item next = take_item<Cfg, true>(sm, ring, lane);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
     const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
-    const uint32_t item_stage = last >= 0 ? sm.b(uint32_t(last)) : kNoStage;
-    if (live && !adds_nothing) store_weight_grad<Cfg>(p, out_map, acc, w, wg, warp, lane, epi_stage, item_stage);
-    if (last >= 0) kept = uint32_t(last);
+    if (live && !adds_nothing) store_weight_grad<Cfg>(p, out_map, acc, w, wg, warp, lane, epi_stage);
     it = next;
   }
   if (lane == 0) ptx::bulk_wait_group<0>();  // this warp's bf16 stores written before it exits

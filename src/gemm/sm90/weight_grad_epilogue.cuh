@@ -72,36 +72,27 @@ __device__ __forceinline__ void add_rows(const KGroupedParams& p, const float (&
   }
 }
 
-// The finished tile to a bf16 out through 2 KB chunks of shared memory, 64 columns at a time: the
-// warp's 16 rows of them go in by stmatrix (8 packed accumulators a lane per 16 x 16 block, the
-// fragment's own layout: no shuffles), and lane 0 hands the chunk to the TMA (a 64 x 16 box of
-// out_map at the warp's rows). The warp goes on while the TMA drains the chunk to memory, so an
-// item's stores run under the next item's mainloop. Chunks 0 and 1 are the warp's own two
-// (`stage`); chunks 2 and 3 are the warp's 4 KB of the ring stage its item ended on (`kept`, the
-// caller's to hand back once these stores have read it), or, with none kept (kNoStage), its own two
-// again. Before it refills one of its own chunks a warp waits until at most one store group is
-// unread: every earlier store that used the chunk has read it. A chunk row is 128 bytes with its
-// 16-byte pieces XORed with row % 8: the map's 128-byte swizzle, and the 8 rows of a matrix
-// (stmatrix) in different banks. The TMA writes nothing past m_dim or n_dim.
-inline constexpr uint32_t kNoStage = ~0u;
+// The finished tile to a bf16 out through the warp's two 2 KB chunks of shared memory (`stage`),
+// 64 columns at a time: the warp's 16 rows of them go in by stmatrix (8 packed accumulators a lane
+// per 16 x 16 block, the fragment's own layout: no shuffles), and lane 0 hands the chunk to the
+// TMA (a 64 x 16 box of out_map at the warp's rows). The warp goes on while the TMA drains the
+// chunk to memory, so an item's stores run under the next item's mainloop; it waits only before
+// refilling a chunk whose store, issued two chunks earlier, has not yet read it. A chunk row is
+// 128 bytes with its 16-byte pieces XORed with row % 8: the map's 128-byte swizzle, and the 8
+// rows of a matrix (stmatrix) in different banks. The TMA writes nothing past m_dim or n_dim.
 template <class Cfg>
 __device__ __forceinline__ void store_bf16_rows(const CUtensorMap* out_map, const float (&acc)[Cfg::kAccs],
-                                                const WeightGradItem& w, int wg, int warp, int lane, uint32_t stage,
-                                                uint32_t kept) {
+                                                const WeightGradItem& w, int wg, int warp, int lane, uint32_t stage) {
   auto at = [](uint32_t chunk_base, int row, int piece) {
     return chunk_base + uint32_t(row * 128 + ((piece ^ (row & 7)) * 16));
   };
   // stmatrix: lane l addresses row l % 8 (+8 for matrices 1 and 3) of the piece pair's piece l / 16.
   const int st_row = lane % 8 + 8 * ((lane / 8) & 1), st_piece = lane / 16;
   const int32_t row0 = w.m0 + wg * kWgmmaM + 16 * warp;  // the warp's first row of dW_e
-  static_assert(Cfg::kBlockN / 64 == 4 && Cfg::kBBytes >= 8 * 2 * Cfg::kEpiChunkBytes,
-                "a tile's chunks 2 and 3 of the 8 consumer warps fit a stage's B");
 #pragma unroll
   for (int c = 0; c < Cfg::kBlockN / 64; ++c) {
-    const bool own = c < 2 || kept == kNoStage;
-    const uint32_t chunk = own ? stage + uint32_t(c % 2) * Cfg::kEpiChunkBytes
-                               : kept + uint32_t(threadIdx.x / 32 * 2 + (c - 2)) * Cfg::kEpiChunkBytes;
-    if (own && lane == 0) ptx::bulk_wait_group_read<1>();  // the chunk's earlier stores have read it
+    const uint32_t chunk = stage + uint32_t(c % 2) * Cfg::kEpiChunkBytes;
+    if (lane == 0) ptx::bulk_wait_group_read<1>();  // the chunk's last store (two groups ago) has read it
     __syncwarp();
 #pragma unroll
     for (int pr = 0; pr < 4; ++pr) {
@@ -126,7 +117,7 @@ __device__ __forceinline__ void store_bf16_rows(const CUtensorMap* out_map, cons
 template <class Cfg>
 __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const CUtensorMap* out_map,
                                                   const float (&acc)[Cfg::kAccs], const WeightGradItem& w, int wg,
-                                                  int warp, int lane, uint32_t stage, uint32_t kept) {
+                                                  int warp, int lane, uint32_t stage) {
   using Word4 = const uint32_t (&)[4];
   if (p.accumulate && !p.partials) return add_rows<Cfg>(p, acc, w, wg, warp, lane);
   if (!p.bf16_out()) {
@@ -137,7 +128,7 @@ __device__ __forceinline__ void store_weight_grad(const KGroupedParams& p, const
     });
     return;
   }
-  store_bf16_rows<Cfg>(out_map, acc, w, wg, warp, lane, stage, kept);
+  store_bf16_rows<Cfg>(out_map, acc, w, wg, warp, lane, stage);
 }
 
 }  // namespace moekit::kernels::gemm::sm90
