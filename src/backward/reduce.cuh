@@ -13,7 +13,6 @@
 
 #include "backward/params.hpp"
 #include "backward/tile.cuh"
-#include "common/async_copy.cuh"
 #include "common/device.cuh"
 
 namespace moekit::kernels::backward {
@@ -74,24 +73,6 @@ __device__ __forceinline__ void add_slots(const DxCombineParams& p, int64_t t, i
         s[2 * q + 1] += f.y;
       }
     }
-  }
-}
-
-// Asks L2 for the bf16 slot rows that add_slots will read for tokens [t0, t0 + 64) and columns
-// [c0, c0 + 64): one bulk prefetch a (token, slot) row piece, 128 bytes (less in a last partial
-// column tile; c0 is a multiple of 64 and H of 8, so pieces are 16-byte multiples at 16-byte
-// addresses). dx_router_combine_kernel issues it before its router tile, so the DRAM reads of its
-// sums run under those MMAs instead of after them. Every slot's row exists (dx_rows has T·k rows),
-// so no id is read here. splits == 1 only (the f32 partials are not bf16 rows).
-template <int kCtaThreads>
-__device__ __forceinline__ void prefetch_slot_rows(const DxCombineParams& p, int64_t t0, int64_t c0, int tid) {
-  const int64_t cols = p.hidden - c0 < 64 ? p.hidden - c0 : 64;
-  const uint32_t bytes = uint32_t(cols * 2);
-  const int pieces = 64 * p.topk;
-  for (int i = tid; i < pieces; i += kCtaThreads) {
-    const int r = i / p.topk, j = i - r * p.topk;
-    if (t0 + r >= p.tokens) break;  // r grows with i
-    dev::prefetch_l2_bulk(p.dx_rows + ((t0 + r) * p.topk + j) * p.hidden + c0, bytes);
   }
 }
 

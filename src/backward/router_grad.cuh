@@ -156,8 +156,7 @@ struct ExpertRowsF32 {
 // grid: (ceil(T/64), ceil(H/64)). A = d_logits_split rows [T, 2·Ep] (K-major; with an f32 w_gate
 // read twice: K column k >= 2·Ep is column k − 2·Ep). dx of the tile: per 8 columns of a token, the
 // experts' part (add_slots: its slots in order, from zero), then the router's part, rounded once:
-// the sums and their order dx_combine_kernel followed with the router's part from memory. The
-// slots' rows are asked of L2 first (prefetch_slot_rows), so they stream in under the router tile.
+// the sums and their order dx_combine_kernel followed with the router's part from memory.
 template <bool kF32>
 __global__ void __launch_bounds__(kThreads) dx_router_combine_kernel(const GateGradParams p, const DxCombineParams c) {
   using Cfg = Tile<64, 64, 2, 2, Major::K, Major::MN>;
@@ -165,7 +164,6 @@ __global__ void __launch_bounds__(kThreads) dx_router_combine_kernel(const GateG
   __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
   const int tid = int(threadIdx.x);
   const int64_t m0 = int64_t(blockIdx.x) * 64, n0 = int64_t(blockIdx.y) * 64;
-  if (c.splits == 1) prefetch_slot_rows<kThreads>(c, m0, n0, tid);
   const int64_t Ep = p.experts_padded, k_dim = (kF32 ? 4 : 2) * Ep;
   const KRows<64> a([&](int r) { return m0 + r < p.tokens ? p.d_logits_split + (m0 + r) * 2 * Ep : nullptr; },
                     p.d_logits_split, k_dim, 2 * Ep, tid);
