@@ -150,6 +150,11 @@ def test_ncu_items_pick_the_bench_mode(tmp_path):
     assert "ncu p2:1024:fp8" in (out / "summary.txt").read_text()
 
 
+def test_ncu_item_of_no_mode_is_refused_by_name(tmp_path):
+    r, _ = ab_ncu(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 1.0), items="p1:16:fp16")
+    assert r.returncode == 2 and "--ncu p1:16:fp16: not PRESET:T" in r.stderr, r.stderr
+
+
 def test_ncu_tables_per_kernel_at_the_locked_clock(tmp_path):
     r, out = ab_ncu(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 0.8))
     assert r.returncode == 0, r.stdout + r.stderr
