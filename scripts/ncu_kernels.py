@@ -11,6 +11,7 @@ import sys
 
 TIME = "gpu__time_duration.sum"
 PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+L2 = "lts__t_sectors.avg.pct_of_peak_sustained_elapsed"
 
 
 def short(name, width=70):
@@ -56,7 +57,7 @@ def main():
         med = lambda metric: median(table, name, metric)  # noqa: E731
         print(f"{name:70} {len(table[name][TIME]):3} {med(TIME) / 1e6:8.3f} {med(PIPE):7.1f} "
               f"{med('dram__bytes_read.sum') / 1e9:8.3f} {med('lts__t_sector_hit_rate.pct'):7.1f} "
-              f"{med('lts__t_sectors.avg.pct_of_peak_sustained_elapsed'):5.1f}")
+              f"{med(L2):5.1f}")
 
 
 if __name__ == "__main__":

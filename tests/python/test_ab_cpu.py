@@ -118,6 +118,7 @@ for i, (kernel, base) in enumerate((("void moekit::kernels::gemm::wg<0>(P)", 2.0
         row = [i, 7, "moekit", "h", kernel, 1, 13, "(384, 1, 1)", "(132, 1, 1)", 0, "9.0"]
         w.writerow(row + ["gpu__time_duration.sum", "ns", f"{base * 1e6 * speed:.0f}"])
         w.writerow(row + ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", f"{50 / speed:.1f}"])
+        w.writerow(row + ["lts__t_sectors.avg.pct_of_peak_sustained_elapsed", "%", f"{40 / speed:.1f}"])
 '''
 
 
@@ -161,9 +162,9 @@ def test_ncu_tables_per_kernel_at_the_locked_clock(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert "ncu p1:16384:backward" in summary and "ncu p2:1024" in summary
     assert not re.search(r"^preset +T stage", summary, re.M), "--rounds 0: no bench table"
-    # per kernel: old ms, new ms, new/old, then the tensor pipe of each side
-    rows = re.findall(r"^gemm::wg<0> +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", summary, re.M)
-    assert rows == [("2.000", "1.600", "0.800", "50.0", "62.5")] * 2, summary
+    # per kernel: old ms, new ms, new/old, then the tensor pipe of each side, then its L2 throughput
+    rows = re.findall(r"^gemm::wg<0> +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)$", summary, re.M)
+    assert rows == [("2.000", "1.600", "0.800", "50.0", "62.5", "40.0", "50.0")] * 2, summary
     assert re.search(r"^small +0\.100 +0\.080 +0\.800", summary, re.M)
 
 
