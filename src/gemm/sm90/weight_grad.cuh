@@ -116,7 +116,7 @@ __device__ __forceinline__ void load_rows(const KGroupedOperand& op, uint32_t ds
   const int j = lane % G::kRowChunks;                           // this lane's chunk of every row it copies
   const int r0 = warp * G::kRowsAtOnce + lane / G::kRowChunks;  // its first K row of the stage
   const int64_t col = mn0 + j * 8;
-  const bool col_ok = col < mn_dim && (!kByToken || j < G::kRowChunks / 2);  // COUNTER-EXPERIMENT: half the gathered bytes
+  const bool col_ok = col < mn_dim;
   const uint32_t base[2] = {dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 0),
                             dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 1)};
   if constexpr (kByToken) {
