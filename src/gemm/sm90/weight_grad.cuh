@@ -20,7 +20,8 @@
 // values). A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
 // A. The gathered operand's rows come from sorted_ids through a table of their addresses in
 // shared memory (one id a lane a stage, GatherRows), so a lane's copies are independent of each
-// other and two adds each: the producer's instructions, not the memory, limit this kernel. Rows
+// other and two adds each. The ring's turnaround, not the bytes, paces the producer (measured:
+// docs/perf/NOTES.md, "Do dW's L2 sectors set its pace?"), at 88-95% of the tensor rate. Rows
 // past the expert's count and ids of no assignment copy zeros (kZeroRow), columns past the output
 // are zero-filled, so tails add exact zeros and nothing outside the expert's rows is read. Each
 // output element is one thread's FP32 sum in K order: bitwise deterministic.
