@@ -113,12 +113,18 @@ print(f"==PROF== Connected to process 7 ({shown})")
 w = csv.writer(sys.stdout, quoting=csv.QUOTE_ALL)
 w.writerow(["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
             "Grid Size", "Device", "CC", "Metric Name", "Metric Unit", "Metric Value"])
+asked = sys.argv[sys.argv.index("--metrics") + 1].split(",")
+base_metrics = ["gpu__time_duration.sum", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+                "lts__t_sectors.avg.pct_of_peak_sustained_elapsed"]
+assert asked[:3] == base_metrics, asked
 for i, (kernel, base) in enumerate((("void moekit::kernels::gemm::wg<0>(P)", 2.0), ("void moekit::kernels::small(Q)", 0.1))):
     for launch in range(3):
         row = [i, 7, "moekit", "h", kernel, 1, 13, "(384, 1, 1)", "(132, 1, 1)", 0, "9.0"]
         w.writerow(row + ["gpu__time_duration.sum", "ns", f"{base * 1e6 * speed:.0f}"])
         w.writerow(row + ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "%", f"{50 / speed:.1f}"])
         w.writerow(row + ["lts__t_sectors.avg.pct_of_peak_sustained_elapsed", "%", f"{40 / speed:.1f}"])
+        for metric in asked[3:]:  # --ncu-metrics: 7 / speed each
+            w.writerow(row + [metric, "%", f"{7 / speed:.2f}"])
 '''
 
 
@@ -131,12 +137,32 @@ def fake_ncu(tmp):
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
-def ab_ncu(tmp, *builds, rounds=0, items="p1:16384:backward,p2:1024"):
+def ab_ncu(tmp, *builds, rounds=0, items="p1:16384:backward,p2:1024", more=()):
     out = tmp / "out"
     r = subprocess.run([str(AB), *map(str, builds), "--presets", "p1", "--tokens", "16", "--rounds", str(rounds),
-                        "--budget", "120", "--out", str(out), "--ncu", items],
+                        "--budget", "120", "--out", str(out), "--ncu", items, *more],
                        capture_output=True, text=True, env=fake_ncu(tmp))
     return r, out
+
+
+def test_ncu_metrics_get_a_table_each_for_the_main_kernels(tmp_path):
+    r, out = ab_ncu(tmp_path, build(tmp_path, "old", 1.0), build(tmp_path, "new", 0.5), items="p1:1024",
+                    more=("--ncu-metrics", "l1tex__a.sum,smsp__b.avg"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = (out / "summary.txt").read_text()
+    for metric in ("l1tex__a.sum", "smsp__b.avg"):
+        assert f"ncu p1:1024: {metric} (median a launch)" in summary, summary
+    # old 7, new 14; small (0.1 ms against 2 ms: not over 5% of the slowest) has no row
+    assert re.findall(r"^gemm::wg<0> +([\d.]+) +([\d.]+)$", summary, re.M) == [("7", "14")] * 2, summary
+    assert not re.search(r"^small +[\d.]+ +[\d.]+$", summary, re.M)
+
+
+def test_ncu_metrics_need_ncu_and_names(tmp_path):
+    old, new = build(tmp_path, "old", 1.0), build(tmp_path, "new", 1.0)
+    r = subprocess.run([str(AB), str(old), str(new), "--ncu-metrics", "a.b"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--ncu-metrics needs --ncu" in r.stderr, r.stderr
+    r, _ = ab_ncu(tmp_path, old, new, more=("--ncu-metrics", "a b;rm"))
+    assert r.returncode == 2 and "not a comma-separated list of ncu metric names" in r.stderr, r.stderr
 
 
 def test_ncu_items_pick_the_bench_mode(tmp_path):
