@@ -46,7 +46,7 @@ namespace moekit::kernels::gemm::sm90 {
 // And each consumer warp's two 2 KB chunks for the bf16 epilogue (store_bf16_rows: 16 rows x 64
 // columns each, filled in turn while the TMA stores the other), 1024-byte aligned: the store reads
 // them through the 128-byte swizzle, a function of the address.
-struct WeightGradCfg : Config<256, 3> {  // COUNTER-EXPERIMENT: a ring of 3 stages
+struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
   static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 8;
   static constexpr uint32_t kEpiStageOffset = (kRowTableOffset + kRowTableBytes + 1023) / 1024 * 1024;
