@@ -72,45 +72,32 @@ TEST(Sm90Descriptor, FieldsFollowThePtxMatrixDescriptorFormat) {
 // The Dx GEMM's N-major B: the descriptor's fields, and the canonical N-major layout it names (PTX
 // ISA, 128B swizzle, 16-bit elements: ((8, 8, n), (8, k)) : ((1, 8, LBO), (64, SBO)) elements,
 // the swizzle applied to the byte address) against where the producer's TMA boxes put each element.
-// kRows: the K rows of a stage (64; the weight gradients' 32), so the panels are kRows x 128 bytes.
-template <uint32_t kRows>
-void expect_n_major_tile_is_canonical() {
-  constexpr uint32_t kPanel = kRows * uint32_t(kRowBytes);
-  const uint64_t d = make_desc_mn_sw128<kPanel>(4096);
+TEST(Sm90Descriptor, NMajorTileIsTheCanonicalLayoutItsDescriptorNames) {
+  const uint64_t d = make_desc_mn_sw128(4096);
   EXPECT_EQ(d & 0x3FFF, 4096u >> 4);
   const uint32_t lbo = uint32_t((d >> 16) & 0x3FFF) << 4, sbo = uint32_t((d >> 32) & 0x3FFF) << 4;
-  EXPECT_EQ(lbo, kPanel) << "leading byte offset: from one 64-column panel to the next";
+  EXPECT_EQ(lbo, 8192u) << "leading byte offset: from one 64-column panel to the next";
   EXPECT_EQ(sbo, 1024u) << "stride byte offset: from one 8-row K group to the next";
   EXPECT_EQ(d >> 62, 1u) << "swizzle mode 1 = 128B";
-  for (uint32_t k = 0; k < kRows; ++k)
+  for (uint32_t k = 0; k < uint32_t(kBlockK); ++k)
     for (uint32_t n = 0; n < 256; ++n) {
       const uint32_t canonical_elems = (n % 8) + 8 * ((n / 8) % 8) + 64 * (k % 8);  // inside one atom
       const uint32_t canonical = (n / 64) * lbo + (k / 8) * sbo + sw128_address_bits(canonical_elems * 2);
-      ASSERT_EQ(mn_tile_offset<kPanel>(k, n), canonical) << "k " << k << " n " << n;
+      ASSERT_EQ(mn_tile_offset(k, n), canonical) << "k " << k << " n " << n;
     }
   // The weight-gradient producer's copies: two bases and whole-row steps reproduce every offset.
   for (uint32_t step : {4u, 8u})
     for (uint32_t r0 = 0; r0 < step; ++r0)
       for (uint32_t n = 0; n < 256; n += 8)
-        for (uint32_t i = 0; r0 + step * i < kRows; ++i)
-          ASSERT_EQ(mn_parity_base<kPanel>(r0, n, step, i % 2) + i * step * uint32_t(kRowBytes),
-                    mn_tile_offset<kPanel>(r0 + step * i, n))
+        for (uint32_t i = 0; r0 + step * i < 64; ++i)
+          ASSERT_EQ(mn_parity_base(r0, n, step, i % 2) + i * step * uint32_t(kRowBytes), mn_tile_offset(r0 + step * i, n))
               << "step " << step << " r0 " << r0 << " n " << n << " i " << i;
   // The k16 slices: 16 K rows = 2 atoms in, keeping the start on an atom (base offset 0).
-  for (uint32_t kk = 0; kk < kRows / uint32_t(kWgmmaK); ++kk) {
-    EXPECT_EQ(mn_k16_bytes(int(kk)), mn_tile_offset<kPanel>(16 * kk, 0));
-    EXPECT_EQ(mn_k16_bytes(int(kk)) % kSwizzleAtomBytes, 0u);
-    EXPECT_EQ(desc_advance(make_desc_mn_sw128<kPanel>(4096), mn_k16_bytes(int(kk))),
-              make_desc_mn_sw128<kPanel>(4096 + mn_k16_bytes(int(kk))));
+  for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
+    EXPECT_EQ(mn_k16_bytes(kk), mn_tile_offset(uint32_t(16 * kk), 0));
+    EXPECT_EQ(mn_k16_bytes(kk) % kSwizzleAtomBytes, 0u);
+    EXPECT_EQ(desc_advance(make_desc_mn_sw128(4096), mn_k16_bytes(kk)), make_desc_mn_sw128(4096 + mn_k16_bytes(kk)));
   }
-}
-
-TEST(Sm90Descriptor, NMajorTileIsTheCanonicalLayoutItsDescriptorNames) {
-  expect_n_major_tile_is_canonical<uint32_t(kBlockK)>();
-  EXPECT_EQ(make_desc_mn_sw128(4096), make_desc_mn_sw128<kMnPanelBytes>(4096)) << "the default panel is 64 rows";
-}
-TEST(Sm90Descriptor, WeightGradientStagesOf32RowsAreTheCanonicalLayoutToo) {
-  expect_n_major_tile_is_canonical<uint32_t(kWeightGradKD)>();
 }
 
 // Every descriptor the consumers form: stage s, warpgroup w, k16 slice kk. The start must stay in

@@ -25,7 +25,6 @@ inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 inline constexpr int kProducerThreads = 128;  // one warpgroup: A gather (cp.async) + B (TMA)
 inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
 inline constexpr int kItemSlots = 2;  // the work-item channel's ring (scheduler.cuh)
-inline constexpr int kWeightGradKD = 32;  // the K rows of a weight-gradient stage (weight_grad.cuh)
 static_assert(kRowBytes == 128, "the 128B swizzle needs rows of exactly 128 bytes");
 // Registers per thread at launch: the one CTA of an SM shares its 65,536-register file (sm_90),
 // allocated in multiples of 8: 65536 / 384 = 170 -> 168. setmaxnreg then moves them between roles.
@@ -38,20 +37,17 @@ inline constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
 // PINGPONG (pingpong.cuh): each consumer warpgroup owns whole tiles, all 128 rows (two m64 sets of
 // kAccs accumulators), the two taking alternate tiles so one's epilogue runs under the other's
 // mainloop; a stage is then released by the 4 warps of one warpgroup.
-// KD: the K rows a stage holds (64, one 128-byte row of bf16 K-major; the weight gradients' MN-major
-// stages may hold fewer: whole 8-row swizzle atoms, 2 or more k16 steps).
-template <int BN, int STAGES, bool FP8 = false, bool PINGPONG = false, int KD = kBlockK>
+template <int BN, int STAGES, bool FP8 = false, bool PINGPONG = false>
 struct Config {
   static constexpr int kBlockN = BN;
   static constexpr int kStages = STAGES;
-  static constexpr int kKDepth = KD;
   static constexpr bool kFp8 = FP8;
   static constexpr bool kPingPong = PINGPONG;
   static constexpr uint32_t kScaleFloats = FP8 ? kBlockM + 4 : 0;  // a[128], b[2], padding to 16 B
   static constexpr uint32_t kScaleB = kBlockM;                     // index of b[0]
   static constexpr int kAccs = BN / 2;  // m64nBN f32 accumulators per consumer thread
-  static constexpr uint32_t kABytes = kBlockM * KD * 2;  // one stage of A: [128][64] bf16 (KD = 64)
-  static constexpr uint32_t kBBytes = BN * KD * 2;       // one stage of B: [BN][64] bf16
+  static constexpr uint32_t kABytes = kBlockM * kRowBytes;  // one stage of A: [128][64] bf16
+  static constexpr uint32_t kBBytes = BN * kRowBytes;       // one stage of B: [BN][64] bf16
   static constexpr uint32_t kAOffset = 0;
   static constexpr uint32_t kBOffset = kAOffset + STAGES * kABytes;
   static constexpr uint32_t kScaleOffset = kBOffset + STAGES * kBBytes;
@@ -87,8 +83,6 @@ struct Config {
   static_assert(!PINGPONG || (BN == 128 && !FP8), "a ping-pong warpgroup holds 128 x 128 (2 x 64 accumulators), bf16");
   static_assert(BN % 64 == 0, "Up stores BN/2 columns in groups of 32 (the quad transpose)");
   static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
-  static_assert(KD == kBlockK || (!FP8 && KD % 16 == 0 && KD * 128 % kSwizzleAtomBytes == 0),
-                "a shallower stage is bf16, whole k16 steps and whole swizzle atoms");
   static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,
                 "every stage must start on a 1024-byte swizzle atom");
   static_assert(kBlockM * kBlockK / 8 == kProducerThreads * 8, "A gather: 8 chunks of 16 B per producer thread");

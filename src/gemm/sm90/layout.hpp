@@ -46,27 +46,21 @@ MK_HD constexpr uint64_t make_desc_k_sw128(uint32_t smem_addr) {
 // BN / 64 panels of [64 K rows][64 N values] (one TMA box each, kMnPanelBytes apart), each K row
 // 128 bytes. The PTX ISA's canonical N-major layout with 128B swizzle, ((8, 8, n), (8, k)) :
 // ((1, 8, LBO), (64, SBO)) in elements, is that with LBO = the panel stride and SBO = 8 K rows.
-// kPanel: a stage of fewer K rows (a multiple of 8: whole swizzle atoms) has panels of that many
-// rows, the same layout with LBO = its panel stride (the weight gradients' 32-row stages).
 inline constexpr uint32_t kMnPanelBytes = kBlockK * kRowBytes;  // 64 K rows of 64 N values
-template <uint32_t kPanel = kMnPanelBytes>
 MK_HD constexpr uint64_t make_desc_mn_sw128(uint32_t smem_addr) {
-  static_assert(kPanel % kSwizzleAtomBytes == 0, "a panel is whole 8-row swizzle atoms");
-  return desc_encode(smem_addr) | (desc_encode(kPanel) << 16) | (desc_encode(kSwizzleAtomBytes) << 32) |
+  return desc_encode(smem_addr) | (desc_encode(kMnPanelBytes) << 16) | (desc_encode(kSwizzleAtomBytes) << 32) |
          (kDescSwizzle128B << 62);
 }
 // Byte offset of element (k, n) in that tile, as the TMA boxes place it: panel n / 64, K row k,
 // then the 128-byte swizzle of the row.
-template <uint32_t kPanel = kMnPanelBytes>
 MK_HD constexpr uint32_t mn_tile_offset(uint32_t k, uint32_t n) {
-  return (n / 64) * kPanel + sw128_address_bits(k * uint32_t(kRowBytes) + (n % 64) * 2);
+  return (n / 64) * kMnPanelBytes + sw128_address_bits(k * uint32_t(kRowBytes) + (n % 64) * 2);
 }
 // The producers' unrolled copies of K rows r0 + step·i (step 4 or 8, r0 < step): the swizzle XORs
 // with the row % 8, which then depends on i % 2 only, so copy i lands at
 // mn_parity_base(r0, n, step, i % 2) + i·step rows — two base registers instead of one an i.
-template <uint32_t kPanel = kMnPanelBytes>
 MK_HD constexpr uint32_t mn_parity_base(uint32_t r0, uint32_t n, uint32_t step, uint32_t parity) {
-  return mn_tile_offset<kPanel>(r0 + parity * step, n) - parity * step * uint32_t(kRowBytes);
+  return mn_tile_offset(r0 + parity * step, n) - parity * step * uint32_t(kRowBytes);
 }
 // The k16 slice kk of an N-major stage starts kk·16 K rows in (K-major: kk·32 bytes along the row).
 MK_HD constexpr uint32_t mn_k16_bytes(int kk) { return uint32_t(kk) * 16u * uint32_t(kRowBytes); }

@@ -71,7 +71,6 @@ __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cf
                                          uint64_t desc_b0, int32_t k_tiles, Pipe<Cfg::kStages>& pipe, int lane,
                                          bool live, Hook&& after_first_step) {
   static_assert(!kAMMajor || kBNMajor, "an M-major A is wrapped with an N-major B only");
-  static_assert(Cfg::kKDepth == kBlockK || kAMMajor, "a shallower stage is MN-major (its k16 steps are whole rows)");
   if (!live) {
     after_first_step();
     release_stages(sm, k_tiles, pipe, lane);
@@ -81,7 +80,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[Cfg::kAccs], const Smem<Cf
     const uint64_t desc_a = desc_advance(desc_a0, stage * Cfg::kABytes);
     const uint64_t desc_b = desc_advance(desc_b0, stage * Cfg::kBBytes);
 #pragma unroll
-    for (int kk = 0; kk < Cfg::kKDepth / kWgmmaK; ++kk) {
+    for (int kk = 0; kk < kBlockK / kWgmmaK; ++kk) {
       const uint32_t k_bytes = uint32_t(kk * kWgmmaK * 2);  // along the (pre-swizzle) 128-byte row
       const bool accumulate = kt > 0 || kk > 0;              // the tile's first wgmma overwrites
       if constexpr (kBNMajor) {

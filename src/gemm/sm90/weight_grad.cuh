@@ -11,12 +11,12 @@
 // tiles' and ~16 N tiles' columns of each K row, not 2-3 M tiles' and every N tile's (dW2 of
 // Mixtral: 56 N tiles, all of an expert's act_w each wave, above the L2). An item's K range is
 // read on the device: rows [expert_row_start[e], + expert_counts[e]) of the sorted order, the
-// split's share of their K-tiles of kWeightGradKD (32) rows; an expert (or a split) with none
-// stores zeros, or adds nothing.
+// split's share of their K-tiles of 64 rows; an expert (or a split) with none stores zeros, or
+// adds nothing.
 //
-// The producer (warpgroup 2) fills a stage with 32 K rows of both operands by cp.async: A's 128 M
+// The producer (warpgroup 2) fills a stage with 64 K rows of both operands by cp.async: A's 128 M
 // values and B's 256 N values of each row, written straight into the N-major 128-byte-swizzled
-// panels wgmma reads with imm-trans (layout.hpp, mn_tile_offset: a panel is 32 K rows of 64
+// panels wgmma reads with imm-trans (layout.hpp, mn_tile_offset: a panel is 64 K rows of 64
 // values). A warp's cp.async covers 512 contiguous bytes of global memory: one K row of B, two of
 // A. The gathered operand's rows come from sorted_ids through a table of their addresses in
 // shared memory (one id a lane a stage, GatherRows), so a lane's copies are independent of each
@@ -41,21 +41,15 @@
 
 namespace moekit::kernels::gemm::sm90 {
 
-// 128 x 256 tiles, 8 stages of 32 K rows (24 KB): the expert GEMM's tile (its B region holds the N
-// side) in half-deep stages, so the consumers' hold of two stages (one wgmma group in flight) keeps
-// 48 KB of the ring from the producer, not 96 (docs/perf/NOTES.md, "Is dW's ring too shallow?");
-// plus each producer warp's table of the rows it gathers in a stage (8 addresses, see GatherRows).
+// 128 x 256 tiles, 4 stages of 48 KB: the expert GEMM's geometry (its B region holds the N side),
+// plus each producer warp's table of the rows it gathers in a stage (16 addresses, see GatherRows).
 // And each consumer warp's two 2 KB chunks for the bf16 epilogue (store_bf16_rows: 16 rows x 64
 // columns each, filled in turn while the TMA stores the other), 1024-byte aligned: the store reads
 // them through the 128-byte swizzle, a function of the address.
-struct WeightGradCfg : Config<256, 8, false, false, kWeightGradKD> {
-  static constexpr uint32_t kPanelBytes = kWeightGradKD * kRowBytes;  // an MN-major panel: KD rows of 64 values
+struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
   static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 8;
-  // Each item slot's decoded work (WeightGradWork, 32 bytes), beside the channel's {item, live}.
-  static constexpr uint32_t kWorkOffset = kRowTableOffset + kRowTableBytes;
-  static constexpr uint32_t kWorkBytes = 32;
-  static constexpr uint32_t kEpiStageOffset = (kWorkOffset + kItemSlots * kWorkBytes + 1023) / 1024 * 1024;
+  static constexpr uint32_t kEpiStageOffset = (kRowTableOffset + kRowTableBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kEpiChunkBytes = 16 * 64 * 2;
   static constexpr uint32_t kEpiStageBytes = 2 * kEpiChunkBytes;  // a warp's
   static constexpr size_t kSmemBytes = kEpiStageOffset + kConsumerThreads / 32 * kEpiStageBytes + kSwizzleAtomBytes;
@@ -66,18 +60,17 @@ inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBloc
 
 // How a producer warp copies an operand W values wide (load_rows): a warp-wide cp.async is 32
 // chunks of 16 bytes, W / 8 a row, so it covers kRowsAtOnce rows, and warp w copies the stage's K
-// rows w·kRowsAtOnce + s + kStep·i (s < kRowsAtOnce, i < kIters): kWarpRows = KD / 4 of the KD. For
-// the gathered operand, lane l < kWarpRows of the warp finds the l-th of them (s = l / kIters, i = l % kIters) and
+// rows w·kRowsAtOnce + s + kStep·i (s < kRowsAtOnce, i < kIters): 16 of the 64. For the gathered
+// operand, lane l < 16 of the warp finds the l-th of them (s = l / kIters, i = l % kIters) and
 // writes the address of its token row at the tile's first column to the warp's table at l (a row of
 // no token: kZeroRow's); a lane copying rows s + kStep·i then reads its kIters addresses two at a
 // time (LDS.128, the same address across the row's lanes) and adds its column.
 template <int W>
 struct GatherRows {
   static constexpr int kRowChunks = W / 8, kRowsAtOnce = 32 / kRowChunks, kStep = 4 * kRowsAtOnce;
-  static constexpr int kIters = kWeightGradKD / kStep, kWarpRows = kWeightGradKD / 4;
-  static_assert(32 % kRowChunks == 0 && kWeightGradKD % kStep == 0 && (kStep == 4 || kStep == 8), "a warp copies whole rows");
-  static_assert(kRowsAtOnce * kIters == kWarpRows && kIters % 2 == 0 && kWarpRows <= 16,
-                "a quarter of the stage's rows a warp, read 2 at a time, at most the table's 16");
+  static constexpr int kIters = kBlockK / kStep;
+  static_assert(32 % kRowChunks == 0 && kBlockK % kStep == 0 && (kStep == 4 || kStep == 8), "a warp copies whole rows");
+  static_assert(kRowsAtOnce * kIters == 16 && kIters % 2 == 0, "16 rows a warp, read 2 at a time");
   __device__ static int table_row(int warp, int l) { return warp * kRowsAtOnce + l / kIters + kStep * (l % kIters); }
 };
 
@@ -103,55 +96,13 @@ struct KRange {
 };
 __device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightGradItem& w) {
   const int32_t start = p.expert_row_start[w.expert], count = p.expert_counts[w.expert];
-  const int32_t tiles = (count + kWeightGradKD - 1) / kWeightGradKD, per_split = (tiles + p.splits - 1) / p.splits;
+  const int32_t tiles = (count + kBlockK - 1) / kBlockK, per_split = (tiles + p.splits - 1) / p.splits;
   const int32_t kt0 = w.split * per_split;
   const int32_t k_tiles = kt0 < tiles ? min(tiles - kt0, per_split) : 0;
-  return {start + kt0 * kWeightGradKD, start + count, k_tiles};
+  return {start + kt0 * kBlockK, start + count, k_tiles};
 }
 
-// An item as every warp of the CTA uses it, decoded once by the claiming thread into the item's
-// slot (post_work): decoding it in each warp (the divisions of weight_grad_item, k_range's two
-// loads) took ~250 instructions a consumer warp an item, with the tensor pipe idle in both
-// warpgroups at once (13% of the consumers' samples at 4 K-tiles an item: docs/perf/NOTES.md).
-struct WeightGradWork {
-  int32_t item;  // >= items: the end (the rest unset)
-  WeightGradItem w;
-  KRange k;
-};
-static_assert(sizeof(WeightGradWork) == WeightGradCfg::kWorkBytes, "a slot's work is two 16-byte words");
-
-// The claiming thread: `item` decoded into the ring's slot once the slot is free.
-template <class Cfg>
-__device__ __forceinline__ void post_work(const KGroupedParams& p, const Smem<Cfg>& sm, const ItemRing& ring,
-                                          int32_t item, int32_t items) {
-  WeightGradItem w{};
-  KRange k{};
-  if (item < items) {
-    w = weight_grad_item(p, item);
-    k = k_range(p, w);
-  }
-  const uint32_t at = sm.base + Cfg::kWorkOffset + ring.slot * Cfg::kWorkBytes;
-  ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
-  ptx::st_shared_v4_u32(at, {item, w.expert, w.split, w.m0});
-  ptx::st_shared_v4_u32(at + 16, {w.n0, k.first, k.end, k.k_tiles});
-  ptx::mbar_arrive(sm.item_full(ring.slot));
-}
-
-// Every thread of the CTA: the next item's work, read before this thread's arrival on item_empty
-// (take_item's kEveryLane protocol; the loads are of one address a warp, so uniform).
-template <class Cfg>
-__device__ __forceinline__ WeightGradWork take_work(const Smem<Cfg>& sm, ItemRing& ring) {
-  const uint32_t at = sm.base + Cfg::kWorkOffset + ring.slot * Cfg::kWorkBytes;
-  ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
-  int32_t a[4], b[4];
-  ptx::ld_shared_v4_u32(at, a);
-  ptx::ld_shared_v4_u32(at + 16, b);
-  ptx::mbar_arrive(sm.item_empty(ring.slot));
-  ring.advance();
-  return {a[0], {a[1], a[2], a[3], b[0]}, {b[1], b[2], b[3]}};
-}
-
-// One stage's K rows [row0, row0 + KD) of an operand W values wide from column mn0, by the
+// One stage's K rows [row0, row0 + 64) of an operand W values wide from column mn0, by the
 // producer warp `warp` (0..3): lane l copies chunk j = l % (W / 8) of K rows r0 + kStep·i
 // (GatherRows). kByToken: the rows' addresses at column mn0 are the warp's table, so a copy is
 // the address plus the lane's column (two adds) and the cp.async, independent of the others and
@@ -167,9 +118,8 @@ __device__ __forceinline__ void load_rows(const KGroupedOperand& op, uint32_t ds
   const int r0 = warp * G::kRowsAtOnce + lane / G::kRowChunks;  // its first K row of the stage
   const int64_t col = mn0 + j * 8;
   const bool col_ok = col < mn_dim;
-  constexpr uint32_t kPanel = WeightGradCfg::kPanelBytes;
-  const uint32_t base[2] = {dst + mn_parity_base<kPanel>(uint32_t(r0), uint32_t(j * 8), kStep, 0),
-                            dst + mn_parity_base<kPanel>(uint32_t(r0), uint32_t(j * 8), kStep, 1)};
+  const uint32_t base[2] = {dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 0),
+                            dst + mn_parity_base(uint32_t(r0), uint32_t(j * 8), kStep, 1)};
   if constexpr (kByToken) {
     const uint32_t lane_bytes = uint32_t(j) * 16u;  // from the tile's first column: < 512, inside a kZeroRow row
     const uint32_t my_table = table + uint32_t(lane / G::kRowChunks) * kIters * 8u;
@@ -212,38 +162,38 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
   const int t = int(threadIdx.x) - kConsumerThreads;
   const int warp = t / 32, lane = t % 32;
   const uint32_t table = sm.base + Cfg::kRowTableOffset + uint32_t(warp) * 128u;
-  const int my_row = G::table_row(warp, lane % G::kWarpRows);  // lanes < kWarpRows: the K row whose token row it finds
+  const int my_row = G::table_row(warp, lane % 16);  // lanes < 16: the stage's K row whose token row it finds
   const KGroupedOperand& gathered = kATokens ? p.a : p.b;
   const uint32_t gathered_row_bytes = uint32_t(gathered.stride) * 2u;
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
   for (;;) {
-    if (t == 0) post_work(p, sm, ring, next, items);  // both warpgroups take every item (consume_weight_grad)
-    const WeightGradWork work = take_work(sm, ring);
-    if (work.item >= items) break;
+    if (t == 0) post_item(sm, ring, next, 3);  // both warpgroups take every item (see consume_weight_grad)
+    const int32_t item = take_item<Cfg, true>(sm, ring, lane).item;
+    if (item >= items) break;
     if (t == 0) next = claim_item(p.tile_counter);  // claimed now: its latency hides under the item
-    const WeightGradItem& w = work.w;
-    const KRange& k = work.k;
-    // Lane l < kWarpRows' id of its K row, loaded one stage ahead (its latency hides under that stage's
+    const WeightGradItem w = weight_grad_item(p, item);
+    const KRange k = k_range(p, w);
+    // Lane l < 16's id of its K row, loaded one stage ahead (its latency hides under that stage's
     // copies) and made a token row (id / topk; -1: past the expert's rows, or an id of no
     // assignment) when its stage comes.
     int32_t id = -1;
     auto load_id = [&](int32_t row0) {
       const int32_t r = row0 + my_row;
-      id = lane < G::kWarpRows && r < k.end ? p.sorted_ids[r] : -1;
+      id = lane < 16 && r < k.end ? p.sorted_ids[r] : -1;
     };
     if (k.k_tiles > 0) load_id(k.first);
     // The gathered operand's rows at the tile's first column (its M or N offset).
     const uint64_t tile_cols = reinterpret_cast<uint64_t>(gathered.base + (kATokens ? w.m0 : w.n0));
     for (int32_t kt = 0; kt < k.k_tiles; ++kt, pipe.advance()) {
-      const int32_t row0 = k.first + kt * kWeightGradKD;
+      const int32_t row0 = k.first + kt * kBlockK;
       const bool has_row = id >= 0 && id < p.num_assign;
       const uint64_t src = has_row ? tile_cols + uint64_t(p.topk_div.div(uint32_t(id))) * gathered_row_bytes
                                    : reinterpret_cast<uint64_t>(kZeroRow[(blockIdx.x + uint32_t(my_row)) % kZeroRows]);
-      if (kt + 1 < k.k_tiles) load_id(row0 + kWeightGradKD);
+      if (kt + 1 < k.k_tiles) load_id(row0 + kBlockK);
       __syncwarp();  // every lane has read the last stage's table
-      if (lane < G::kWarpRows) ptx::st_shared_u64(table + uint32_t(lane) * 8u, src);
+      if (lane < 16) ptx::st_shared_u64(table + uint32_t(lane) * 8u, src);
       __syncwarp();
       ptx::mbar_wait(sm.empty(pipe.stage), pipe.phase ^ 1);  // the consumers released this stage
       load_rows<kWeightGradM, kATokens>(p.a, sm.a(pipe.stage), table, row0, k.end, w.m0, p.m_dim, warp, lane);
@@ -261,23 +211,23 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
   // Warpgroup wg multiplies the tile's M rows [64wg, +64): A's panel wg.
-  const uint64_t desc_a0 = make_desc_mn_sw128<Cfg::kPanelBytes>(sm.a(0) + uint32_t(wg) * Cfg::kPanelBytes);
-  const uint64_t desc_b0 = make_desc_mn_sw128<Cfg::kPanelBytes>(sm.b(0));
+  const uint64_t desc_a0 = make_desc_mn_sw128(sm.a(0) + uint32_t(wg) * kMnPanelBytes);
+  const uint64_t desc_b0 = make_desc_mn_sw128(sm.b(0));
   const uint32_t epi_stage = sm.base + Cfg::kEpiStageOffset + uint32_t(threadIdx.x / 32) * Cfg::kEpiStageBytes;
   float acc[Cfg::kAccs];
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
-  WeightGradWork it = take_work(sm, ring);
+  Item it = take_item<Cfg, true>(sm, ring, lane);
   while (it.item < items) {
-    const WeightGradItem& w = it.w;
-    const KRange& k = it.k;
+    const WeightGradItem w = weight_grad_item(p, it.item);
+    const KRange k = k_range(p, w);
     const bool live = w.m0 + wg * kWgmmaM < p.m_dim;  // a partial last M tile may leave warpgroup 1 none
     // Zeroed here (the first wgmma overwrites them where there is K): no accumulator is live from
     // the epilogue to here, the registers the item's bookkeeping needs.
 #pragma unroll
     for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
     if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
-    const WeightGradWork next = take_work(sm, ring);
+    const Item next = take_item<Cfg, true>(sm, ring, lane);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
     const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
     if (live && !adds_nothing) store_weight_grad<Cfg>(p, out_map, acc, w, wg, warp, lane, epi_stage);
