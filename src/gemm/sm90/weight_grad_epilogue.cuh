@@ -78,14 +78,12 @@ __device__ __forceinline__ void add_rows(const KGroupedParams& p, const float (&
 // TMA (a 64 x 16 box of out_map at the warp's rows). The warp goes on while the TMA drains the
 // chunk to memory, so an item's stores run under the next item's mainloop; it waits only before
 // refilling a chunk whose store, issued two chunks earlier, has not yet read it. A chunk row is
-// 128 bytes with its 16-byte pieces XORed with row % 8: the map's 128-byte swizzle, and the 8
-// rows of a matrix (stmatrix) in different banks. The TMA writes nothing past m_dim or n_dim.
+// 128 bytes with its 16-byte pieces XORed with row % 8 (layout.hpp, sw128_offset): the map's
+// 128-byte swizzle, and the 8 rows of a matrix (stmatrix) in different banks. The TMA writes
+// nothing past m_dim or n_dim.
 template <class Cfg>
 __device__ __forceinline__ void store_bf16_rows(const CUtensorMap* out_map, const float (&acc)[Cfg::kAccs],
                                                 const WeightGradItem& w, int wg, int warp, int lane, uint32_t stage) {
-  auto at = [](uint32_t chunk_base, int row, int piece) {
-    return chunk_base + uint32_t(row * 128 + ((piece ^ (row & 7)) * 16));
-  };
   // stmatrix: lane l addresses row l % 8 (+8 for matrices 1 and 3) of the piece pair's piece l / 16.
   const int st_row = lane % 8 + 8 * ((lane / 8) & 1), st_piece = lane / 16;
   const int32_t row0 = w.m0 + wg * kWgmmaM + 16 * warp;  // the warp's first row of dW_e
@@ -97,9 +95,9 @@ __device__ __forceinline__ void store_bf16_rows(const CUtensorMap* out_map, cons
 #pragma unroll
     for (int pr = 0; pr < 4; ++pr) {
       const int j = 8 * c + 2 * pr;  // n8 blocks j and j + 1
-      ptx::stmatrix_x4(at(chunk, st_row, 2 * pr + st_piece), pack_bf16x2(acc[4 * j], acc[4 * j + 1]),
-                       pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]), pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]),
-                       pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
+      ptx::stmatrix_x4(chunk + sw128_offset(uint32_t(st_row), uint32_t(2 * pr + st_piece)),
+                       pack_bf16x2(acc[4 * j], acc[4 * j + 1]), pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]),
+                       pack_bf16x2(acc[4 * j + 4], acc[4 * j + 5]), pack_bf16x2(acc[4 * j + 6], acc[4 * j + 7]));
     }
     ptx::fence_proxy_async_smem();  // this lane's writes, before the TMA's (async-proxy) reads of them
     __syncwarp();
