@@ -67,8 +67,8 @@ struct Config {
   static constexpr uint32_t kEmptyArrivals = (PINGPONG ? 128 : kConsumerThreads) / 32;
   static constexpr uint32_t kTurnArrivals = 128 / 32;
   // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot
-  // (the weight-gradient kernel inits it with kThreads instead: every thread arrives, take_item's
-  // kEveryLane form).
+  // (the weight-gradient kernel inits it with kThreads instead: every thread arrives after its
+  // own read: weight_grad.cuh's take_work).
   static constexpr uint32_t kItemFullArrivals = 1;
   static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
   // 128·64 + 256·216 = 63488 <= the 384 × kLaunchRegs registers the CTA is launched with. The producer

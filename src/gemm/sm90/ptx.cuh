@@ -30,6 +30,18 @@ __device__ __forceinline__ void st_shared_u64(uint32_t addr, uint64_t v) {
 __device__ __forceinline__ void ld_shared_v2_u64(uint32_t addr, uint64_t (&v)[2]) {
   asm volatile("ld.shared.v2.b64 {%0, %1}, [%2];\n" : "=l"(v[0]), "=l"(v[1]) : "r"(addr) : "memory");
 }
+// Four consecutive 32-bit words (16-byte aligned): one STS.128 / LDS.128 (a broadcast when a warp's
+// lanes share addr).
+__device__ __forceinline__ void st_shared_v4_u32(uint32_t addr, const int32_t (&v)[4]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+__device__ __forceinline__ void ld_shared_v4_u32(uint32_t addr, int32_t (&v)[4]) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(addr)
+               : "memory");
+}
 __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");

@@ -49,7 +49,10 @@ namespace moekit::kernels::gemm::sm90 {
 struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
   static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 8;
-  static constexpr uint32_t kEpiStageOffset = (kRowTableOffset + kRowTableBytes + 1023) / 1024 * 1024;
+  // Each item slot's decoded work (WeightGradWork, 32 bytes), beside the channel's {item, live}.
+  static constexpr uint32_t kWorkOffset = kRowTableOffset + kRowTableBytes;
+  static constexpr uint32_t kWorkBytes = 32;
+  static constexpr uint32_t kEpiStageOffset = (kWorkOffset + kItemSlots * kWorkBytes + 1023) / 1024 * 1024;
   static constexpr uint32_t kEpiChunkBytes = 16 * 64 * 2;
   static constexpr uint32_t kEpiStageBytes = 2 * kEpiChunkBytes;  // a warp's
   static constexpr size_t kSmemBytes = kEpiStageOffset + kConsumerThreads / 32 * kEpiStageBytes + kSwizzleAtomBytes;
@@ -100,6 +103,49 @@ __device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightG
   const int32_t kt0 = w.split * per_split;
   const int32_t k_tiles = kt0 < tiles ? min(tiles - kt0, per_split) : 0;
   return {start + kt0 * kBlockK, start + count, k_tiles};
+}
+
+// An item as every warp of the CTA uses it, decoded once by the claiming thread into the item's
+// slot (post_work): decoding it in each warp (the divisions of weight_grad_item, k_range's two
+// loads) took ~250 instructions a consumer warp an item, with the tensor pipe idle in both
+// warpgroups at once (13% of the consumers' samples at 4 K-tiles an item: docs/perf/NOTES.md).
+struct WeightGradWork {
+  int32_t item;  // >= items: the end (the rest unset)
+  WeightGradItem w;
+  KRange k;
+};
+static_assert(sizeof(WeightGradWork) == WeightGradCfg::kWorkBytes, "a slot's work is two 16-byte words");
+
+// The claiming thread: `item` decoded into the ring's slot once the slot is free.
+template <class Cfg>
+__device__ __forceinline__ void post_work(const KGroupedParams& p, const Smem<Cfg>& sm, const ItemRing& ring,
+                                          int32_t item, int32_t items) {
+  WeightGradItem w{};
+  KRange k{};
+  if (item < items) {
+    w = weight_grad_item(p, item);
+    k = k_range(p, w);
+  }
+  const uint32_t at = sm.base + Cfg::kWorkOffset + ring.slot * Cfg::kWorkBytes;
+  ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
+  ptx::st_shared_v4_u32(at, {item, w.expert, w.split, w.m0});
+  ptx::st_shared_v4_u32(at + 16, {w.n0, k.first, k.end, k.k_tiles});
+  ptx::mbar_arrive(sm.item_full(ring.slot));
+}
+
+// Every thread of the CTA: the next item's work, read before this thread's arrival on item_empty
+// (every thread arrives, so racecheck sees each read ordered before its arrival; the loads are of
+// one address a warp, so uniform).
+template <class Cfg>
+__device__ __forceinline__ WeightGradWork take_work(const Smem<Cfg>& sm, ItemRing& ring) {
+  const uint32_t at = sm.base + Cfg::kWorkOffset + ring.slot * Cfg::kWorkBytes;
+  ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
+  int32_t a[4], b[4];
+  ptx::ld_shared_v4_u32(at, a);
+  ptx::ld_shared_v4_u32(at + 16, b);
+  ptx::mbar_arrive(sm.item_empty(ring.slot));
+  ring.advance();
+  return {a[0], {a[1], a[2], a[3], b[0]}, {b[1], b[2], b[3]}};
 }
 
 // One stage's K rows [row0, row0 + 64) of an operand W values wide from column mn0, by the
@@ -169,12 +215,12 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
   ItemRing ring;
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
   for (;;) {
-    if (t == 0) post_item(sm, ring, next, 3);  // both warpgroups take every item (see consume_weight_grad)
-    const int32_t item = take_item<Cfg, true>(sm, ring, lane).item;
-    if (item >= items) break;
+    if (t == 0) post_work(p, sm, ring, next, items);  // both warpgroups take every item (consume_weight_grad)
+    const WeightGradWork work = take_work(sm, ring);
+    if (work.item >= items) break;
     if (t == 0) next = claim_item(p.tile_counter);  // claimed now: its latency hides under the item
-    const WeightGradItem w = weight_grad_item(p, item);
-    const KRange k = k_range(p, w);
+    const WeightGradItem& w = work.w;
+    const KRange& k = work.k;
     // Lane l < 16's id of its K row, loaded one stage ahead (its latency hides under that stage's
     // copies) and made a token row (id / topk; -1: past the expert's rows, or an id of no
     // assignment) when its stage comes.
@@ -217,17 +263,17 @@ __device__ __forceinline__ void consume_weight_grad(const KGroupedParams& p, con
   float acc[Cfg::kAccs];
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
-  Item it = take_item<Cfg, true>(sm, ring, lane);
+  WeightGradWork it = take_work(sm, ring);
   while (it.item < items) {
-    const WeightGradItem w = weight_grad_item(p, it.item);
-    const KRange k = k_range(p, w);
+    const WeightGradItem& w = it.w;
+    const KRange& k = it.k;
     const bool live = w.m0 + wg * kWgmmaM < p.m_dim;  // a partial last M tile may leave warpgroup 1 none
     // Zeroed here (the first wgmma overwrites them where there is K): no accumulator is live from
     // the epilogue to here, the registers the item's bookkeeping needs.
 #pragma unroll
     for (int i = 0; i < Cfg::kAccs; ++i) acc[i] = 0.0f;
     if (k.k_tiles > 0) mma_tile<Cfg, true, true>(acc, sm, desc_a0, desc_b0, k.k_tiles, pipe, lane, live, [] {});
-    const Item next = take_item<Cfg, true>(sm, ring, lane);
+    const WeightGradWork next = take_work(sm, ring);
     // Accumulating unsplit, an expert with no rows adds nothing (main_grad bitwise as it was, unread).
     const bool adds_nothing = p.accumulate && !p.partials && k.k_tiles == 0;
     if (live && !adds_nothing) store_weight_grad<Cfg>(p, out_map, acc, w, wg, warp, lane, epi_stage);
@@ -252,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     for (uint32_t s = 0; s < kItemSlots; ++s) {
       ptx::mbar_init(sm.item_full(s), Cfg::kItemFullArrivals);
-      ptx::mbar_init(sm.item_empty(s), kThreads);  // every thread arrives (take_item<Cfg, true>)
+      ptx::mbar_init(sm.item_empty(s), kThreads);  // every thread arrives (take_work)
     }
     ptx::mbar_init_fence();
     if (p.bf16_out()) ptx::tma_prefetch_desc(&out_map);
