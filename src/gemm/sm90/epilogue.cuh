@@ -235,8 +235,9 @@ struct Epilogue<Mode::DGrad, Cfg> {
   }
   // dh and act_w rows are in sorted order (dw_partials is by assignment).
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
-  // g and u come in, and dh and act_w go out, as the accumulators' own column pairs (4-byte
-  // accesses, no quad transposes: load and store4, below). One ⟨D, act⟩ group's h loads in flight while the group before it
+  // g and u come in as the accumulators' own column pairs (load, below); dh and act_w go out as
+  // 16-byte rows (a lane quad: 64 contiguous bytes, whole sectors) through the quad transpose
+  // (store_row_groups' layout). One ⟨D, act⟩ group's h loads in flight while the group before it
   // is computed: 2 · 32 registers, beside the 128 accumulators.
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
                                         int32_t out_row, int32_t n0, int lane) const {
@@ -250,6 +251,7 @@ struct Epilogue<Mode::DGrad, Cfg> {
     const __nv_bfloat16* g_row = p.h + row * 2 * F;
     __nv_bfloat16* dg_row = p.dh ? p.dh + row * 2 * F : nullptr;
     __nv_bfloat16* aw_row = p.act_w ? p.act_w + row * F : nullptr;
+    auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
     // Each lane loads its accumulators' own column pairs (8i + 2q, +1 of each n8 block): four
     // 4-byte loads an array where a 16-byte load and a quad transpose took 1 + 16 instructions
     // (the quad's 16-byte pieces share their sectors, which the L1 holds between the four).
@@ -266,6 +268,14 @@ struct Epilogue<Mode::DGrad, Cfg> {
           }
         }
     };
+    // Columns [n, n + 8) of `row` (null: the output is not asked for, nothing stored). The
+    // transpose runs whether or not: a shuffle under a branch on dh or act_w being there (uniform,
+    // but not provably so) made ptxas keep the whole consumer's loop state in vector registers
+    // (the k-loop 190 instructions a stage with 32 R2UR, against 133 with none).
+    auto store16 = [&](bool ok, __nv_bfloat16* row, int32_t n, uint32_t (&x)[4]) {
+      quad_transpose(x, q, shfl);  // every lane: the shuffles are warp-wide
+      if (ok && row != nullptr) *reinterpret_cast<uint4*>(row + n) = make_uint4(x[0], x[1], x[2], x[3]);
+    };
     uint32_t gv[2][kQuads][4], uv[2][kQuads][4];
     load(0, gv[0], uv[0]);
 #pragma unroll
@@ -277,26 +287,24 @@ struct Epilogue<Mode::DGrad, Cfg> {
         const int gq = kQuads * g + s;  // the 32-column quad of store_row_groups
         const uint32_t(&gx)[4] = gv[g & 1][s];
         const uint32_t(&ux)[4] = uv[g & 1][s];
+        uint32_t dg[4], du[4], aw[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int v = epi_acc(gq, i, h);  // columns n + 2q, +1 of this row half
-          const int32_t n = n0 + 8 * (4 * gq + i);
-          if (n >= F) continue;  // past F: no ⟨D, act⟩ term, nothing stored (F is a multiple of 8)
+          const int v = epi_acc(gq, i, h);  // columns 8(4gq + i) + 2q, +1 of this row half
+          dg[i] = du[i] = aw[i] = 0u;
+          if (n0 + 8 * (4 * gq + i) >= F) continue;  // past F: no ⟨D, act⟩ term (F is a multiple of 8)
           const dev::SwigluGrad e0(dev::bf16_lo(gx[i]), dev::bf16_lo(ux[i]), acc[v], w),
               e1(dev::bf16_hi(gx[i]), dev::bf16_hi(ux[i]), acc[v + 1], w);
           dot += acc[v] * e0.act;
           dot += acc[v + 1] * e1.act;
-          // The outputs leave as they were computed, a 4-byte pair at the accumulators' columns
-          // (null row: not asked for): three stores where a quad transpose and one 16-byte store an
-          // output took 17 instructions for four pairs (the L2 merges a quad's two 16-byte halves
-          // of a sector; the bytes to DRAM are the same).
-          if (row_ok && dg_row != nullptr) {
-            *reinterpret_cast<uint32_t*>(dg_row + n + 2 * q) = pack_bf16x2(e0.dg, e1.dg);
-            *reinterpret_cast<uint32_t*>(dg_row + F + n + 2 * q) = pack_bf16x2(e0.du, e1.du);
-          }
-          if (row_ok && aw_row != nullptr)
-            *reinterpret_cast<uint32_t*>(aw_row + n + 2 * q) = pack_bf16x2(w * e0.act, w * e1.act);
+          dg[i] = pack_bf16x2(e0.dg, e1.dg), du[i] = pack_bf16x2(e0.du, e1.du);
+          aw[i] = pack_bf16x2(w * e0.act, w * e1.act);
         }
+        const int32_t n = n0 + epi_store_col(gq, q);
+        const bool ok = row_ok && n < F;
+        store16(ok, dg_row, n, dg);
+        store16(ok, dg_row, F + n, du);
+        store16(ok, aw_row, n, aw);
       }
       dot += __shfl_xor_sync(0xffffffffu, dot, 1);
       dot += __shfl_xor_sync(0xffffffffu, dot, 2);
