@@ -235,8 +235,9 @@ struct Epilogue<Mode::DGrad, Cfg> {
   }
   // dh and act_w rows are in sorted order (dw_partials is by assignment).
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
-  // g and u come in as the accumulators' own column pairs (load, below); dh and act_w go out as
-  // 16-byte rows (a lane quad: 64 contiguous bytes, whole sectors) through the quad transpose
+  // h, dh and act_w move as 16-byte rows (a lane quad: 64 contiguous bytes, whole sectors): each
+  // lane loads the 8 columns [epi_store_col(g, q), +8) of g and of u, the quad transpose (its own
+  // inverse) hands every lane the pairs of its accumulators, and the outputs go back the same way
   // (store_row_groups' layout). One ⟨D, act⟩ group's h loads in flight while the group before it
   // is computed: 2 · 32 registers, beside the 128 accumulators.
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
@@ -252,21 +253,16 @@ struct Epilogue<Mode::DGrad, Cfg> {
     __nv_bfloat16* dg_row = p.dh ? p.dh + row * 2 * F : nullptr;
     __nv_bfloat16* aw_row = p.act_w ? p.act_w + row * F : nullptr;
     auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
-    // Each lane loads its accumulators' own column pairs (8i + 2q, +1 of each n8 block): four
-    // 4-byte loads an array where a 16-byte load and a quad transpose took 1 + 16 instructions
-    // (the quad's 16-byte pieces share their sectors, which the L1 holds between the four).
-    auto load = [&](int g, uint32_t (&gv)[kQuads][4], uint32_t (&uv)[kQuads][4]) {
+    auto load = [&](int g, uint4 (&gv)[kQuads], uint4 (&uv)[kQuads]) {
 #pragma unroll
-      for (int s = 0; s < kQuads; ++s)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int32_t n = n0 + 8 * (4 * (kQuads * g + s) + i);
-          gv[s][i] = uv[s][i] = 0u;
-          if (row_ok && n < F) {
-            gv[s][i] = *reinterpret_cast<const uint32_t*>(g_row + n + 2 * q);
-            uv[s][i] = *reinterpret_cast<const uint32_t*>(g_row + F + n + 2 * q);
-          }
+      for (int s = 0; s < kQuads; ++s) {
+        const int32_t n = n0 + epi_store_col(kQuads * g + s, q);
+        gv[s] = uv[s] = make_uint4(0u, 0u, 0u, 0u);
+        if (row_ok && n < F) {
+          gv[s] = *reinterpret_cast<const uint4*>(g_row + n);
+          uv[s] = *reinterpret_cast<const uint4*>(g_row + F + n);
         }
+      }
     };
     // Columns [n, n + 8) of `row` (null: the output is not asked for, nothing stored). The
     // transpose runs whether or not: a shuffle under a branch on dh or act_w being there (uniform,
@@ -276,7 +272,7 @@ struct Epilogue<Mode::DGrad, Cfg> {
       quad_transpose(x, q, shfl);  // every lane: the shuffles are warp-wide
       if (ok && row != nullptr) *reinterpret_cast<uint4*>(row + n) = make_uint4(x[0], x[1], x[2], x[3]);
     };
-    uint32_t gv[2][kQuads][4], uv[2][kQuads][4];
+    uint4 gv[2][kQuads], uv[2][kQuads];
     load(0, gv[0], uv[0]);
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
@@ -285,8 +281,10 @@ struct Epilogue<Mode::DGrad, Cfg> {
 #pragma unroll
       for (int s = 0; s < kQuads; ++s) {
         const int gq = kQuads * g + s;  // the 32-column quad of store_row_groups
-        const uint32_t(&gx)[4] = gv[g & 1][s];
-        const uint32_t(&ux)[4] = uv[g & 1][s];
+        uint32_t gx[4] = {gv[g & 1][s].x, gv[g & 1][s].y, gv[g & 1][s].z, gv[g & 1][s].w};
+        uint32_t ux[4] = {uv[g & 1][s].x, uv[g & 1][s].y, uv[g & 1][s].z, uv[g & 1][s].w};
+        quad_transpose(gx, q, shfl);
+        quad_transpose(ux, q, shfl);
         uint32_t dg[4], du[4], aw[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
