@@ -60,14 +60,33 @@ struct Item {
   int32_t item, live;
 };
 
+// The channel's protocol, whatever a slot holds: the claiming thread waits until the ring's slot
+// is free (every reader of its last use arrived on item_empty), writes it (`write(slot)`) and
+// arrives on item_full; a reader waits on item_full, reads, arrives on item_empty (as many
+// arrivals as item_empty was initialised for) and moves on.
+template <class Cfg, class Write>
+__device__ __forceinline__ void post_slot(const Smem<Cfg>& sm, const ItemRing& ring, Write&& write) {
+  ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
+  write(ring.slot);
+  ptx::mbar_arrive(sm.item_full(ring.slot));
+}
+template <class Cfg, class Read, class Arrive>
+__device__ __forceinline__ auto take_slot(const Smem<Cfg>& sm, ItemRing& ring, Read&& read, Arrive&& arrive) {
+  ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
+  const auto v = read(ring.slot);
+  arrive(sm.item_empty(ring.slot));
+  ring.advance();
+  return v;
+}
+
 // The claiming thread: posts `item` (>= items: the end) and its live warpgroups (bit w: warpgroup
 // w has work) to the ring once its slot is free.
 template <class Cfg>
 __device__ __forceinline__ void post_item(const Smem<Cfg>& sm, const ItemRing& ring, int32_t item, int32_t live) {
-  ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
-  ptx::st_shared_u32(sm.item_slot(ring.slot), item);
-  ptx::st_shared_u32(sm.item_slot(ring.slot) + 4, live);
-  ptx::mbar_arrive(sm.item_full(ring.slot));
+  post_slot(sm, ring, [&](uint32_t slot) {
+    ptx::st_shared_u32(sm.item_slot(slot), item);
+    ptx::st_shared_u32(sm.item_slot(slot) + 4, live);
+  });
 }
 
 // The expert GEMM's publishing warp (all 32 lanes; `item` the same in each): posts the tile of
@@ -109,12 +128,13 @@ __device__ __forceinline__ int32_t claim_item(int32_t* tile_counter) { return in
 // instructions a k-stage with 16 R2UR moving the wgmma descriptors, against 77 with none.)
 template <class Cfg>
 __device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
-  ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
-  const Item it{ptx::ld_shared_u32(sm.item_slot(ring.slot)), ptx::ld_shared_u32(sm.item_slot(ring.slot) + 4)};
-  __syncwarp();
-  if (lane == 0) ptx::mbar_arrive(sm.item_empty(ring.slot));
-  ring.advance();
-  return it;
+  return take_slot(
+      sm, ring,
+      [&](uint32_t slot) { return Item{ptx::ld_shared_u32(sm.item_slot(slot)), ptx::ld_shared_u32(sm.item_slot(slot) + 4)}; },
+      [&](uint32_t empty) {
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive(empty);
+      });
 }
 
 }  // namespace moekit::kernels::gemm::sm90

@@ -126,11 +126,11 @@ __device__ __forceinline__ void post_work(const KGroupedParams& p, const Smem<Cf
     w = weight_grad_item(p, item);
     k = k_range(p, w);
   }
-  const uint32_t at = sm.base + Cfg::kWorkOffset + ring.slot * Cfg::kWorkBytes;
-  ptx::mbar_wait(sm.item_empty(ring.slot), ring.phase ^ 1);
-  ptx::st_shared_v4_u32(at, {item, w.expert, w.split, w.m0});
-  ptx::st_shared_v4_u32(at + 16, {w.n0, k.first, k.end, k.k_tiles});
-  ptx::mbar_arrive(sm.item_full(ring.slot));
+  post_slot(sm, ring, [&](uint32_t slot) {
+    const uint32_t at = sm.base + Cfg::kWorkOffset + slot * Cfg::kWorkBytes;
+    ptx::st_shared_v4_u32(at, {item, w.expert, w.split, w.m0});
+    ptx::st_shared_v4_u32(at + 16, {w.n0, k.first, k.end, k.k_tiles});
+  });
 }
 
 // Every thread of the CTA: the next item's work, read before this thread's arrival on item_empty
@@ -138,14 +138,16 @@ __device__ __forceinline__ void post_work(const KGroupedParams& p, const Smem<Cf
 // one address a warp, so uniform).
 template <class Cfg>
 __device__ __forceinline__ WeightGradWork take_work(const Smem<Cfg>& sm, ItemRing& ring) {
-  const uint32_t at = sm.base + Cfg::kWorkOffset + ring.slot * Cfg::kWorkBytes;
-  ptx::mbar_wait(sm.item_full(ring.slot), ring.phase);
-  int32_t a[4], b[4];
-  ptx::ld_shared_v4_u32(at, a);
-  ptx::ld_shared_v4_u32(at + 16, b);
-  ptx::mbar_arrive(sm.item_empty(ring.slot));
-  ring.advance();
-  return {a[0], {a[1], a[2], a[3], b[0]}, {b[1], b[2], b[3]}};
+  return take_slot(
+      sm, ring,
+      [&](uint32_t slot) {
+        const uint32_t at = sm.base + Cfg::kWorkOffset + slot * Cfg::kWorkBytes;
+        int32_t a[4], b[4];
+        ptx::ld_shared_v4_u32(at, a);
+        ptx::ld_shared_v4_u32(at + 16, b);
+        return WeightGradWork{a[0], {a[1], a[2], a[3], b[0]}, {b[1], b[2], b[3]}};
+      },
+      [](uint32_t empty) { ptx::mbar_arrive(empty); });
 }
 
 // One stage's K rows [row0, row0 + 64) of an operand W values wide from column mn0, by the
