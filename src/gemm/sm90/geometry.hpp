@@ -66,15 +66,16 @@ struct Config {
   // Ping-pong: lane 0 of the owning warpgroup's 4 warps (so also a turn's arrivals).
   static constexpr uint32_t kEmptyArrivals = (PINGPONG ? 128 : kConsumerThreads) / 32;
   static constexpr uint32_t kTurnArrivals = 128 / 32;
-  // item_full: the claiming thread; item_empty: every thread of the CTA, once it read the slot
-  // (scheduler.cuh's take_item; the weight-gradient kernel's take_work alike).
+  // item_full: the claiming thread; item_empty: lane 0 of every warp of the CTA, once it read the slot
+  // (the weight-gradient kernel inits it with kThreads instead: every thread arrives after its
+  // own read: weight_grad.cuh's take_work).
   static constexpr uint32_t kItemFullArrivals = 1;
-  static constexpr uint32_t kItemEmptyArrivals = kThreads;
-  // 128·72 + 256·216 = 64512 <= the 384 × kLaunchRegs registers the CTA is launched with (65,536).
-  // The producer publishes work items (claim, two ids) and arrives on item_empty after its own
-  // read (64 spilled 16-48 bytes then); FP8's also holds the block scales' sources (64 spilled
-  // too). The consumers fit 216 without a spill.
-  static constexpr int kProducerRegs = 72;
+  static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
+  // 128·64 + 256·216 = 63488 <= the 384 × kLaunchRegs registers the CTA is launched with. The producer
+  // needs 64 since it publishes work items (claim, two ids); the consumers fit 216 without a spill.
+  // FP8's producer also holds the block scales' sources: 72 (64 spilled; 128·72 + 256·216 = 64512,
+  // the whole launch).
+  static constexpr int kProducerRegs = FP8 ? 72 : 64;
   static constexpr int kConsumerRegs = 216;
 
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");

@@ -64,7 +64,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
 
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
-  Item it = take_item(sm, ring);
+  Item it = take_item(sm, ring, lane);
   int32_t ids[2] = {0, 0};
   if (it.item < items) load_ids(it.item, ids);
   while (it.item < items) {
@@ -85,7 +85,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem<Cfg>& sm, in
     if constexpr (splits_k<M, Cfg>()) epi.split = ks.split, epi.empty = ks.count == 0;
 
     // The next item (the producer published it after issuing this tile's last loads) and its ids.
-    const Item next = take_item(sm, ring);
+    const Item next = take_item(sm, ring, lane);
     int32_t next_ids[2] = {0, 0};
     if (next.item < items) load_ids(next.item, next_ids);
 

@@ -88,8 +88,8 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Smem<Cfg
   // The loop tests the item at its head (as consume's does): written as for (;;) with a break at
   // the end item, ptxas kept this region to the launch's 168 registers and spilled 1.2 KB.
   uint32_t turn_phase = 0;
-  Item it = take_item(sm, ring);
-  for (int32_t ordinal = 0; it.item < items; ++ordinal, it = take_item(sm, ring)) {
+  Item it = take_item(sm, ring, lane);
+  for (int32_t ordinal = 0; it.item < items; ++ordinal, it = take_item(sm, ring, lane)) {
     if ((ordinal & 1) != wg) {  // the other warpgroup's tile: its stages pass this one by
       pipe.skip(k_tiles);
       continue;

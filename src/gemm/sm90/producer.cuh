@@ -55,7 +55,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
   int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
   for (;;) {
     if (publisher) publish_tile(p, sm, ring, __shfl_sync(0xffffffffu, next, 0), items, blocks, lane);
-    const int32_t code = take_item(sm, ring).item;
+    const int32_t code = take_item(sm, ring, lane).item;
     if (code >= items) break;
     const TileCoord tile = tile_of(code, int32_t(p.n_tiles));
     const KSlice ks = slice_of<M, Cfg>(p, tile, k_tiles);

@@ -117,21 +117,24 @@ __device__ __forceinline__ int32_t claim_item(int32_t* tile_counter) { return in
 
 // Called by all 32 lanes of a warp: the next item, read by every lane from the slot (a value
 // every lane loads from one shared-memory address ptxas sees is uniform, so the loops after it
-// stay in uniform registers), and every thread arrives on item_empty after its own read
-// (item_empty counts kThreads), so the read is ordered before the arrival in each thread's own
-// program order, which racecheck follows. (Lane 0 arriving for its warp after a __syncwarp is as
-// sound under the PTX memory model, but racecheck does not credit the __syncwarp and reported
-// hazards between the slot's store and its reads where a CTA takes many tiles:
-// Sm90GemmTest.ManyTilesPerCta. This form spilled 16-48 bytes in the producer at 64 registers;
-// it has 72 now. Lane 0 reading alone and shuffling the item to its warp kept the weight-gradient
-// consumers' loop state in vector registers, the shuffled value not being provably uniform: 120
-// static instructions a k-stage with 16 R2UR moving the wgmma descriptors, against 77 with none.)
+// stay in uniform registers). Lane 0 arrives on item_empty after a __syncwarp that orders the
+// other lanes' reads before it (item_empty counts kThreads / 32). Sound; racecheck reports it as
+// hazards between the slot's store and its reads where a CTA takes many tiles (it does not credit
+// the __syncwarp: Sm90GemmTest.ManyTilesPerCta, docs/perf/NOTES.md "Known gaps"). Every lane
+// arriving after its own read leaves racecheck nothing to miss (the weight-gradient kernel's
+// take_work: 0 hazards), but the expert GEMM's 64-register producer spills 16-48 bytes with it.
+// (Lane 0 reading alone and shuffling the item to its warp kept the weight-gradient consumers'
+// loop state in vector registers, the shuffled value not being provably uniform: 120 static
+// instructions a k-stage with 16 R2UR moving the wgmma descriptors, against 77 with none.)
 template <class Cfg>
-__device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring) {
+__device__ __forceinline__ Item take_item(const Smem<Cfg>& sm, ItemRing& ring, int lane) {
   return take_slot(
       sm, ring,
       [&](uint32_t slot) { return Item{ptx::ld_shared_u32(sm.item_slot(slot)), ptx::ld_shared_u32(sm.item_slot(slot) + 4)}; },
-      [](uint32_t empty) { ptx::mbar_arrive(empty); });
+      [&](uint32_t empty) {
+        __syncwarp();
+        if (lane == 0) ptx::mbar_arrive(empty);
+      });
 }
 
 }  // namespace moekit::kernels::gemm::sm90
