@@ -73,6 +73,18 @@ struct DeviceBuffer {
   }
 };
 
+// A checking kernel's one result (counts, the first failure): zeroed on the device, filled by
+// launch(pointer) on `stream`, read back once the stream is done.
+template <class T, class Launch>
+T device_result(cudaStream_t stream, Launch&& launch) {
+  DeviceBuffer<T> d(1);
+  MK_CUDA_CHECK(cudaMemsetAsync(d.ptr, 0, sizeof(T), stream));
+  launch(d.ptr);
+  MK_CUDA_CHECK(cudaGetLastError());
+  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return d.download()[0];
+}
+
 // One captured CUDA graph (global capture mode: a sync or allocation inside fails), replayable.
 class CapturedGraph {
  public:

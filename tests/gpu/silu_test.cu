@@ -47,15 +47,8 @@ __global__ void silu_exhaustive_kernel(SiluCounts* out) {
 class GpuSilu : public GpuTest {};
 
 TEST_F(GpuSilu, FastPathIsBitwiseCanonOnEveryFloat) {
-  SiluCounts* d = nullptr;
-  MK_CUDA_CHECK(cudaMalloc(&d, sizeof(SiluCounts)));
-  MK_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(SiluCounts), stream));
-  silu_exhaustive_kernel<<<1024, 256, 0, stream>>>(d);
-  MK_CUDA_CHECK(cudaGetLastError());
-  SiluCounts h{};
-  MK_CUDA_CHECK(cudaMemcpyAsync(&h, d, sizeof(h), cudaMemcpyDeviceToHost, stream));
-  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaFree(d);
+  const SiluCounts h =
+      device_result<SiluCounts>(stream, [&](SiluCounts* d) { silu_exhaustive_kernel<<<1024, 256, 0, stream>>>(d); });
   // |x| in [2^-64, 64], both signs: exponents 63 .. 132, 70 of them, 2^23 mantissas each, plus 64
   // itself (the two +-64 patterns are counted with exponent 133's first mantissa).
   const unsigned long long want_fast = 2ull * (70ull << 23) + 2;

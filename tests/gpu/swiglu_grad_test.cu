@@ -63,15 +63,8 @@ __global__ void sigmoid_exhaustive_kernel(SigmoidCounts* out) {
 class SwigluGradTest : public GpuTest {};
 
 TEST_F(SwigluGradTest, SigmoidApproxWithinItsBoundOnEveryFloat) {
-  SigmoidCounts* d = nullptr;
-  MK_CUDA_CHECK(cudaMalloc(&d, sizeof(SigmoidCounts)));
-  MK_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(SigmoidCounts), stream));
-  sigmoid_exhaustive_kernel<<<1024, 256, 0, stream>>>(d);
-  MK_CUDA_CHECK(cudaGetLastError());
-  SigmoidCounts h{};
-  MK_CUDA_CHECK(cudaMemcpyAsync(&h, d, sizeof(h), cudaMemcpyDeviceToHost, stream));
-  MK_CUDA_CHECK(cudaStreamSynchronize(stream));
-  cudaFree(d);
+  const SigmoidCounts h = device_result<SigmoidCounts>(
+      stream, [&](SigmoidCounts* d) { sigmoid_exhaustive_kernel<<<1024, 256, 0, stream>>>(d); });
   // Every float but the NaNs: 2^32 − 2·(2^23 − 1).
   EXPECT_EQ(h.checked, (1ull << 32) - 2 * ((1ull << 23) - 1));
   EXPECT_EQ(h.nan_lost, 0ull) << "a NaN g gave a number; bits 0x" << std::hex << h.first_bad_bits;
