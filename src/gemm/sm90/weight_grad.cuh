@@ -223,23 +223,26 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
     if (t == 0) next = claim_item(p.tile_counter);  // claimed now: its latency hides under the item
     const WeightGradItem& w = work.w;
     const KRange& k = work.k;
-    // Lane l < 16's id of its K row, loaded one stage ahead (its latency hides under that stage's
-    // copies) and made a token row (id / topk; -1: past the expert's rows, or an id of no
-    // assignment) when its stage comes.
-    int32_t id = -1;
-    auto load_id = [&](int32_t row0) {
+    // Lane l < 16's id of its K row, loaded two stages ahead and made a token row (id / topk; -1:
+    // past the expert's rows, or an id of no assignment) when its stage comes. One stage ahead,
+    // the load's latency (an L2 round trip) had only one stage's copies to hide under when the
+    // ring has room: the likely pace of the producer alone, a stage every ~1,060 cycles, about the
+    // tensor rate (docs/perf/NOTES.md, "Backward"). The
+    // stages go in pairs, even ones reading ids[0] and odd ones ids[1], each reloaded right after
+    // its use: a register copy between the two (id = id_next) would wait for the load at once.
+    auto load_id = [&](int32_t row0) -> int32_t {
       const int32_t r = row0 + my_row;
-      id = lane < 16 && r < k.end ? p.sorted_ids[r] : -1;
+      return lane < 16 && r < k.end ? p.sorted_ids[r] : -1;
     };
-    if (k.k_tiles > 0) load_id(k.first);
+    int32_t ids[2] = {k.k_tiles > 0 ? load_id(k.first) : -1, k.k_tiles > 1 ? load_id(k.first + kBlockK) : -1};
     // The gathered operand's rows at the tile's first column (its M or N offset).
     const uint64_t tile_cols = reinterpret_cast<uint64_t>(gathered.base + (kATokens ? w.m0 : w.n0));
-    for (int32_t kt = 0; kt < k.k_tiles; ++kt, pipe.advance()) {
+    auto stage = [&](int32_t kt, int32_t& id) {
       const int32_t row0 = k.first + kt * kBlockK;
       const bool has_row = id >= 0 && id < p.num_assign;
       const uint64_t src = has_row ? tile_cols + uint64_t(p.topk_div.div(uint32_t(id))) * gathered_row_bytes
                                    : reinterpret_cast<uint64_t>(kZeroRow[(blockIdx.x + uint32_t(my_row)) % kZeroRows]);
-      if (kt + 1 < k.k_tiles) load_id(row0 + kBlockK);
+      id = kt + 2 < k.k_tiles ? load_id(row0 + 2 * kBlockK) : -1;
       __syncwarp();  // every lane has read the last stage's table
       if (lane < 16) ptx::st_shared_u64(table + uint32_t(lane) * 8u, src);
       __syncwarp();
@@ -247,6 +250,11 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
       load_rows<kWeightGradM, kATokens>(p.a, sm.a(pipe.stage), table, row0, k.end, w.m0, p.m_dim, warp, lane);
       load_rows<kWeightGradN, !kATokens>(p.b, sm.b(pipe.stage), table, row0, k.end, w.n0, p.n_dim, warp, lane);
       ptx::cp_async_arrive_noinc(sm.full(pipe.stage));
+      pipe.advance();
+    };
+    for (int32_t kt = 0; kt < k.k_tiles; kt += 2) {
+      stage(kt, ids[0]);
+      if (kt + 1 < k.k_tiles) stage(kt + 1, ids[1]);
     }
   }
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
