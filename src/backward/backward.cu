@@ -282,8 +282,14 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     p.sigmoid = opt.scoring == Scoring::sigmoid;
     p.renormalize = opt.renormalize;
     p.scale = opt.routed_scaling_factor;
-    launch_pdl("router_grad_kernel", kb::router_grad_kernel, dim3(unsigned(cdiv(T, kb::kRouterWarps))),
-               dim3(kb::kRouterWarps * 32), 0, stream, p);
+    const int64_t per_lane = cdiv(p.experts_padded, 32);
+    const auto kernel = per_lane <= 1   ? kb::router_grad_kernel<1>
+                        : per_lane <= 2 ? kb::router_grad_kernel<2>
+                        : per_lane <= 4 ? kb::router_grad_kernel<4>
+                        : per_lane <= 8 ? kb::router_grad_kernel<8>
+                                        : kb::router_grad_kernel<kb::kExpertsPerLane>;
+    launch_pdl("router_grad_kernel", kernel, dim3(unsigned(cdiv(T, kb::kRouterWarps))), dim3(kb::kRouterWarps * 32), 0,
+               stream, p);
   }
   kb::GateGradParams gp{};  // with ::gate also the router's part of dx (5.)
   if (gate) {

@@ -32,6 +32,10 @@ namespace moekit::kernels::backward {
 inline constexpr int kRouterWarps = 4;         // tokens a CTA
 inline constexpr int kExpertsPerLane = 16;     // E <= 512 (moekit::kMaxExperts) over 32 lanes
 
+// kPerLane (1, 2, 4, 8 or kExpertsPerLane): experts a lane holds, 32·kPerLane >= experts_padded;
+// the launch takes the smallest (a lane's slots past E add +0 to its sum: the same bits at every
+// kPerLane).
+template <int kPerLane>
 __global__ void __launch_bounds__(kRouterWarps * 32) router_grad_kernel(const RouterGradParams p) {
   dev::pdl_enter();
   const int64_t t = int64_t(blockIdx.x) * kRouterWarps + (threadIdx.x >> 5);
@@ -39,10 +43,10 @@ __global__ void __launch_bounds__(kRouterWarps * 32) router_grad_kernel(const Ro
   const int lane = dev::lane_id(), E = p.experts, k = p.topk;
   const float* l = p.logits + t * E;  // [E]
   // The unbiased scores p_e of this lane's experts e = lane + 32·i.
-  float lv[kExpertsPerLane], pv[kExpertsPerLane];
+  float lv[kPerLane], pv[kPerLane];
   float m = -INFINITY, sum = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kExpertsPerLane; ++i) {
+  for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
     lv[i] = e < E ? l[e] : -INFINITY;
     m = fmaxf(m, lv[i]);
@@ -50,13 +54,13 @@ __global__ void __launch_bounds__(kRouterWarps * 32) router_grad_kernel(const Ro
   if (!p.sigmoid) {
     m = dev::warp_max(m);
 #pragma unroll
-    for (int i = 0; i < kExpertsPerLane; ++i) sum += lane + 32 * i < E ? expf(lv[i] - m) : 0.0f;
+    for (int i = 0; i < kPerLane; ++i) sum += lane + 32 * i < E ? expf(lv[i] - m) : 0.0f;
     sum = dev::warp_tree_sum(sum);
   }
   // One expression for p_e and for a chosen expert's s_j, so the two agree bitwise.
   auto score = [&](float x) { return p.sigmoid ? __frcp_rn(1.0f + expf(-x)) : expf(x - m) / sum; };
 #pragma unroll
-  for (int i = 0; i < kExpertsPerLane; ++i) pv[i] = lane + 32 * i < E ? score(lv[i]) : 0.0f;
+  for (int i = 0; i < kPerLane; ++i) pv[i] = lane + 32 * i < E ? score(lv[i]) : 0.0f;
 
   // Lane j < k holds slot j: its expert, dL/dw_j and s_j. ds_j = r·(dw_j − [renorm] Σ_i dw_i·s_i/S)/S.
   int32_t id = -1;
@@ -75,19 +79,19 @@ __global__ void __launch_bounds__(kRouterWarps * 32) router_grad_kernel(const Ro
   const float ds = chosen ? p.scale * (dw - mean) / S : 0.0f;
   // softmax: Σ_e p_e·dp_e = Σ_j s_j·ds_j (dp is ds at the chosen experts, 0 elsewhere).
   const float dot = p.sigmoid ? 0.0f : dev::warp_tree_sum(s * ds);
-  float dp[kExpertsPerLane];
+  float dp[kPerLane];
 #pragma unroll
-  for (int i = 0; i < kExpertsPerLane; ++i) dp[i] = 0.0f;
+  for (int i = 0; i < kPerLane; ++i) dp[i] = 0.0f;
   for (int j = 0; j < k; ++j) {  // slot order, as the oracle adds them
     const int32_t id_j = __shfl_sync(dev::kFullMask, id, j);
     const float ds_j = __shfl_sync(dev::kFullMask, ds, j);
 #pragma unroll
-    for (int i = 0; i < kExpertsPerLane; ++i)
+    for (int i = 0; i < kPerLane; ++i)
       if (lane + 32 * i == id_j) dp[i] += ds_j;  // an unchosen slot has ds_j = 0
   }
   const int Ep = p.experts_padded;
 #pragma unroll
-  for (int i = 0; i < kExpertsPerLane; ++i) {
+  for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + 32 * i;
     if (e >= Ep) continue;
     float d = 0.0f;
