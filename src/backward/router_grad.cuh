@@ -27,6 +27,7 @@
 #include "backward/tile.cuh"
 #include "backward/weight_grad.cuh"
 #include "common/device.cuh"
+#include "moekit/moe.hpp"
 
 namespace moekit::kernels::backward {
 
@@ -167,17 +168,65 @@ struct ExpertRowsF32 {
   }
 };
 
-// grid: (ceil(T/64), ceil(H/64)). A = d_logits_split rows [T, 2·Ep] (K-major; with an f32 w_gate
-// read twice: K column k >= 2·Ep is column k − 2·Ep). dx of the tile: per 8 columns of a token, the
-// experts' part (add_slots: its slots in order, from zero), then the router's part, rounded once:
-// the sums and their order dx_combine_kernel followed with the router's part from memory.
+// The experts' part of a 64 x 64 dx tile, staged: its tokens' dx_rows pieces, [64 tokens][topk][64
+// columns] bf16 (128 bytes a piece), by cp.async in one group of their own, issued before the
+// router's GEMM so that the tile's DRAM reads (topk · 8 KiB) are all in flight at once. First the
+// tile's 64·topk ids (contiguous) are read once, together, into `ok` (a slot is summed iff its id is
+// in [0, E) and its token below T): a copy must not wait on its own id's load (one L2 round trip
+// each, in series, made the first build 2.5x slower). A piece of a slot not ok, or columns past H,
+// is not read (and never summed).
+inline constexpr int kDxTile = 64;
+__host__ __device__ constexpr size_t dx_stage_bytes(int topk) { return size_t(kDxTile) * topk * kDxTile * 2; }
+__device__ __forceinline__ void stage_slot_rows(const DxCombineParams& c, int64_t m0, int64_t n0, bf16* rows,
+                                                uint8_t* ok, int tid) {
+  const int k = c.topk, slots = kDxTile * k;
+  for (int v = tid; v < slots; v += kThreads)
+    ok[v] = m0 + v / k < c.tokens && valid_expert(c.topk_ids[m0 * k + v], c.experts);
+  __syncthreads();
+  for (int v = tid; v < slots * 8; v += kThreads) {  // 16-byte pieces: 8 a slot, a slot's 8 threads adjacent
+    const int slot = v >> 3, q = v & 7;
+    const int64_t col = n0 + q * 8;
+    if (ok[slot] && col < c.hidden)
+      dev::cp_async16(dev::smem_addr(rows + slot * kDxTile + q * 8), c.dx_rows + (m0 * k + slot) * c.hidden + col, 16u);
+  }
+  dev::cp_async_commit();
+}
+// add_slots' sums (slot order, from the staged pieces): the same bits.
+__device__ __forceinline__ void add_staged_slots(const DxCombineParams& c, const bf16* rows, const uint8_t* ok, int r,
+                                                 int c8, float (&s)[8]) {
+  for (int j = 0; j < c.topk; ++j) {
+    const int slot = r * c.topk + j;
+    if (!ok[slot]) continue;
+    const uint4 v = *reinterpret_cast<const uint4*>(rows + slot * kDxTile + c8);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 f = unpack_bf16x2(w[q]);
+      s[2 * q] += f.x;
+      s[2 * q + 1] += f.y;
+    }
+  }
+}
+
+// grid: ceil(T/64) · ceil(H/64), column tile fastest: a token tile's column tiles are neighbours, so the CTAs resident
+// together read whole dx_rows rows and share the tile's d_logits rows in L2. Dynamic shared memory:
+// the ring (Cfg::kSmemBytes), then, without split-K, the staged experts' part (dx_stage_bytes).
+// A = d_logits_split rows [T, 2·Ep] (K-major; with an f32 w_gate read twice: K column k >= 2·Ep is
+// column k − 2·Ep). dx of the tile: per 8 columns of a token, the experts' part (its slots in
+// order, from zero), then the router's part, rounded once: the sums and their order
+// dx_combine_kernel followed with the router's part from memory.
 template <bool kF32>
 __global__ void __launch_bounds__(kThreads) dx_router_combine_kernel(const GateGradParams p, const DxCombineParams c) {
-  using Cfg = Tile<64, 64, 2, 2, Major::K, Major::MN>;
+  using Cfg = Tile<kDxTile, kDxTile, 2, 2, Major::K, Major::MN>;
   dev::pdl_enter();
-  __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
+  bf16* smem = reinterpret_cast<bf16*>(backward_smem);
+  bf16* rows = smem + Cfg::kSmemElems;
+  __shared__ uint8_t ok[kDxTile * moekit::kMaxTopk];  // the staged slots' flags
   const int tid = int(threadIdx.x);
-  const int64_t m0 = int64_t(blockIdx.x) * 64, n0 = int64_t(blockIdx.y) * 64;
+  const int64_t n_tiles = (p.hidden + kDxTile - 1) / kDxTile;
+  const int64_t n0 = int64_t(blockIdx.x) % n_tiles * kDxTile, m0 = int64_t(blockIdx.x) / n_tiles * kDxTile;
+  const bool staged = c.splits == 1;
+  if (staged) stage_slot_rows(c, m0, n0, rows, ok, tid);
   const int64_t Ep = p.experts_padded, k_dim = (kF32 ? 4 : 2) * Ep;
   const KRows<64> a([&](int r) { return m0 + r < p.tokens ? p.d_logits_split + (m0 + r) * 2 * Ep : nullptr; },
                     p.d_logits_split, k_dim, 2 * Ep, tid);
@@ -193,10 +242,10 @@ __global__ void __launch_bounds__(kThreads) dx_router_combine_kernel(const GateG
     const MNRows<ExpertRows> b(ExpertRows{w, p.hidden, k_dim, p.experts, p.experts_padded}, w, n0, p.hidden, tid);
     k_loop(mma, smem, a, b, 0, k_tiles);
   }
-  // The router's 64 x 64 part into the ring's memory (k_loop ends with every copy landed and a
-  // barrier: no warp reads the ring any more).
-  constexpr int kStride = 64 + 4;  // floats a row: float2 stores a quad apart land in distinct banks
-  static_assert(64 * kStride * 4 <= Cfg::kSmemBytes, "the router's part fits the ring");
+  // The router's 64 x 64 part into the ring's memory (k_loop ends with every copy landed, the
+  // staged pieces' group included, and a barrier: no warp reads the ring any more).
+  constexpr int kStride = kDxTile + 4;  // floats a row: float2 stores a quad apart land in distinct banks
+  static_assert(kDxTile * kStride * 4 <= Cfg::kSmemBytes, "the router's part fits the ring");
   float* part = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int i = 0; i < Cfg::MI; ++i)
@@ -208,12 +257,15 @@ __global__ void __launch_bounds__(kThreads) dx_router_combine_kernel(const GateG
             make_float2(mma.acc[i][f][2 * h], mma.acc[i][f][2 * h + 1]);
   __syncthreads();
 #pragma unroll
-  for (int v = tid; v < 64 * 8; v += kThreads) {  // 8 columns of a token a step, 8 threads a row
+  for (int v = tid; v < kDxTile * 8; v += kThreads) {  // 8 columns of a token a step, 8 threads a row
     const int r = v / 8, c8 = (v % 8) * 8;
     const int64_t t = m0 + r, col = n0 + c8;
     if (t >= p.tokens || col >= p.hidden) continue;  // hidden is a multiple of 8
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    add_slots(c, t, col, s);
+    if (staged)
+      add_staged_slots(c, rows, ok, r, c8, s);
+    else
+      add_slots(c, t, col, s);
 #pragma unroll
     for (int q = 0; q < 8; ++q) s[q] += part[r * kStride + c8 + q];
     store_dx(c, t, col, s);
