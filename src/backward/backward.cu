@@ -66,24 +66,6 @@ void launch_tiled(const char* name, const TiledKernel<P>& k, dim3 grid, const P&
   launch_pdl(name, k.fn, grid, dim3(unsigned(k.threads)), k.smem, stream, p);
 }
 
-// dx = the experts' slots + the router's part (router_grad.cuh): the ring, then without split-K the
-// staged slot rows; the opt-in covers the largest top-k, once per kernel and device.
-void launch_dx_router_combine(const kb::GateGradParams& gp, const kb::DxCombineParams& c, cudaStream_t stream) {
-  using Cfg = kb::Tile<kb::kDxTile, kb::kDxTile, 2, 2, kb::Major::K, kb::Major::MN>;
-  constexpr size_t kMaxSmem = Cfg::kSmemBytes + kb::dx_stage_bytes(int(kMaxTopk));
-  static_assert(kMaxSmem <= 227 * 1024, "the largest top-k's staged rows fit");
-  const auto kernel = gp.w_gate_f32 ? kb::dx_router_combine_kernel<true> : kb::dx_router_combine_kernel<false>;
-  static detail::PerDevice<bool> opted_in;
-  opted_in.get([](int) {
-    for (auto k : {kb::dx_router_combine_kernel<true>, kb::dx_router_combine_kernel<false>})
-      MK_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxSmem)));
-    return true;
-  });
-  const size_t smem = Cfg::kSmemBytes + (c.splits == 1 ? kb::dx_stage_bytes(c.topk) : 0);
-  launch_pdl("dx_router_combine_kernel", kernel, dim3(unsigned(cdiv(c.hidden, kb::kDxTile) * cdiv(c.tokens, kb::kDxTile))),
-             dim3(kb::kThreads), smem, stream, gp, c);
-}
-
 // The kernels' row block (BackwardPlan::ragged_tile_rows): 16 rows for the decode layouts
 // (block_m 16 and 32), 64 for block_m 64, 128 (the 128 x 256 tile) for block_m 128; each lies
 // inside one layout block, so it has one expert. n_dim: the output columns the tiles cover.
@@ -319,10 +301,9 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     gp.experts = int(E), gp.experts_padded = int(plan.experts_padded());
     gp.splits = plan.gate_splits;
     gp.d_w_gate = weight_out(grads.d_w_gate, ws.gate_partials, plan.gate_splits, false, E, H, 1);
-    const auto k = E > 64 ? tiled<kb::GateTile<128>, kb::d_w_gate_kernel<128>>()
-                          : tiled<kb::GateTile<64>, kb::d_w_gate_kernel<64>>();
-    launch_tiled("d_w_gate_kernel", k, dim3(unsigned(cdiv(E, k.bm) * cdiv(H, k.bn)), 1, unsigned(plan.gate_splits)),
-                 gp, stream);
+    launch_pdl("d_w_gate_kernel", kb::d_w_gate_kernel,
+               dim3(unsigned(cdiv(E, 64) * cdiv(H, 64)), 1, unsigned(plan.gate_splits)), dim3(kb::kThreads), 0,
+               stream, gp);
     if (plan.gate_splits > 1) launch_split_sum(ws.gate_partials, plan.gate_splits, grads.d_w_gate, false, stream);
   }
 
@@ -354,7 +335,9 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     c.tokens = T, c.hidden = H;
     c.topk = int(s.topk), c.splits = plan.dx_splits, c.experts = int(E);
     if (gate)  // the router's part summed in the same kernel: it never goes through memory
-      launch_dx_router_combine(gp, c, stream);
+      launch_pdl("dx_router_combine_kernel",
+                 gp.w_gate_f32 ? kb::dx_router_combine_kernel<true> : kb::dx_router_combine_kernel<false>,
+                 dim3(unsigned(cdiv(T, 64)), unsigned(cdiv(H, 64))), dim3(kb::kThreads), 0, stream, gp, c);
     else
       launch_pdl("dx_combine_kernel", kb::dx_combine_kernel, dim3(unsigned(cdiv(T * (H / 8), kb::kReduceThreads))),
                  dim3(kb::kReduceThreads), 0, stream, c);

@@ -6,7 +6,7 @@
 //                        (hi = bf16(d), lo = bf16(d − hi)), which feed the two gate GEMMs on the
 //                        tensor cores at nearly FP32 precision (hi + lo is d within 2^-16);
 //   d_w_gate_kernel    — d_w_gate [E, H] = Σ_t d_logits[t]ᵀ·x_t, K = 2T (each token's hi and lo
-//                        rows), 128 x 128 tiles where E > 64 (else 64 x 64), split-K partials with gate_splits > 1;
+//                        rows), 64 x 64 tiles, split-K partials with gate_splits > 1;
 //   dx_router_combine_kernel — dx [T, H] = Σ_j dx_rows + d_logits·w_gate: the router's part on the
 //                        tensor cores (K = the parts of d_logits times the parts of w_gate; bf16: w,
 //                        f32: its hi and lo parts), kept in FP32 through shared memory, and added to
@@ -19,7 +19,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "backward/loaders.cuh"
 #include "backward/params.hpp"
@@ -27,7 +26,6 @@
 #include "backward/tile.cuh"
 #include "backward/weight_grad.cuh"
 #include "common/device.cuh"
-#include "moekit/moe.hpp"
 
 namespace moekit::kernels::backward {
 
@@ -116,31 +114,22 @@ struct TokenPairRows {
   __device__ __forceinline__ const bf16* operator()(int64_t k) const { return k < count ? x + (k >> 1) * hidden : nullptr; }
 };
 
-// d_w_gate's tile: 128 x 128 on 8 warps (64 x 32 each) where E fills it, else 64 x 64 on 4 warps
-// (Mixtral's E = 8 would leave 15 of 16 rows of the wide tile empty). The wide tile's warps make
-// 16 mma a k16 step for 6 ldmatrix (the narrow's 8 for 4), and its 96 KiB ring is dynamic.
-template <int BM>
-using GateTile = std::conditional_t<BM == 128, Tile<128, 128, 2, 4, Major::MN, Major::MN>,
-                                    Tile<64, 64, 2, 2, Major::MN, Major::MN>>;
-
-// grid: (ceil(E/BM) x ceil(H/BN), 1, S); dynamic shared memory GateTile<BM>::kSmemBytes.
-template <int BM>
-__global__ void __launch_bounds__(GateTile<BM>::kThreads, BM == 128 ? 2 : 4) d_w_gate_kernel(const GateGradParams p) {
-  using Cfg = GateTile<BM>;
-  constexpr int NT = Cfg::kThreads;
+// grid: (ceil(E/64) x ceil(H/64), 1, S).
+__global__ void __launch_bounds__(kThreads) d_w_gate_kernel(const GateGradParams p) {
+  using Cfg = Tile<64, 64, 2, 2, Major::MN, Major::MN>;
   dev::pdl_enter();
-  bf16* smem = reinterpret_cast<bf16*>(backward_smem);
+  __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
   const int tid = int(threadIdx.x);
-  const int64_t n_tiles = (p.hidden + Cfg::BN - 1) / Cfg::BN;
-  const int64_t m0 = int64_t(blockIdx.x) / n_tiles * Cfg::BM, n0 = int64_t(blockIdx.x) % n_tiles * Cfg::BN;
+  const int64_t n_tiles = (p.hidden + 63) / 64;
+  const int64_t m0 = int64_t(blockIdx.x) / n_tiles * 64, n0 = int64_t(blockIdx.x) % n_tiles * 64;
   const int split = int(blockIdx.z);
   const int64_t k_dim = 2 * p.tokens, k_tiles = (k_dim + kTileK - 1) / kTileK;
   const int64_t per_split = (k_tiles + p.splits - 1) / p.splits, kt0 = split * per_split;
   const int64_t count = kt0 < k_tiles ? (k_tiles - kt0 < per_split ? k_tiles - kt0 : per_split) : 0;
   // A row k = 2t + part is d_logits_split row t's part: [T, 2, Ep] read as [2T, Ep] (zero past E).
-  const MNRows<DenseRows, Cfg::BM, NT> a(DenseRows{p.d_logits_split, p.experts_padded, k_dim}, p.d_logits_split, m0,
-                                         p.experts_padded, tid);
-  const MNRows<TokenPairRows, Cfg::BN, NT> b(TokenPairRows{p.x, p.hidden, k_dim}, p.x, n0, p.hidden, tid);
+  const MNRows<DenseRows> a(DenseRows{p.d_logits_split, p.experts_padded, k_dim}, p.d_logits_split, m0,
+                            p.experts_padded, tid);
+  const MNRows<TokenPairRows> b(TokenPairRows{p.x, p.hidden, k_dim}, p.x, n0, p.hidden, tid);
   Mma<Cfg> mma(tid);
   k_loop(mma, smem, a, b, kt0, count);
   store_weight_tile(p.d_w_gate, mma, 0, split, m0, n0);
@@ -168,65 +157,17 @@ struct ExpertRowsF32 {
   }
 };
 
-// The experts' part of a 64 x 64 dx tile, staged: its tokens' dx_rows pieces, [64 tokens][topk][64
-// columns] bf16 (128 bytes a piece), by cp.async in one group of their own, issued before the
-// router's GEMM so that the tile's DRAM reads (topk · 8 KiB) are all in flight at once. First the
-// tile's 64·topk ids (contiguous) are read once, together, into `ok` (a slot is summed iff its id is
-// in [0, E) and its token below T): a copy must not wait on its own id's load (one L2 round trip
-// each, in series, made the first build 2.5x slower). A piece of a slot not ok, or columns past H,
-// is not read (and never summed).
-inline constexpr int kDxTile = 64;
-__host__ __device__ constexpr size_t dx_stage_bytes(int topk) { return size_t(kDxTile) * topk * kDxTile * 2; }
-__device__ __forceinline__ void stage_slot_rows(const DxCombineParams& c, int64_t m0, int64_t n0, bf16* rows,
-                                                uint8_t* ok, int tid) {
-  const int k = c.topk, slots = kDxTile * k;
-  for (int v = tid; v < slots; v += kThreads)
-    ok[v] = m0 + v / k < c.tokens && valid_expert(c.topk_ids[m0 * k + v], c.experts);
-  __syncthreads();
-  for (int v = tid; v < slots * 8; v += kThreads) {  // 16-byte pieces: 8 a slot, a slot's 8 threads adjacent
-    const int slot = v >> 3, q = v & 7;
-    const int64_t col = n0 + q * 8;
-    if (ok[slot] && col < c.hidden)
-      dev::cp_async16(dev::smem_addr(rows + slot * kDxTile + q * 8), c.dx_rows + (m0 * k + slot) * c.hidden + col, 16u);
-  }
-  dev::cp_async_commit();
-}
-// add_slots' sums (slot order, from the staged pieces): the same bits.
-__device__ __forceinline__ void add_staged_slots(const DxCombineParams& c, const bf16* rows, const uint8_t* ok, int r,
-                                                 int c8, float (&s)[8]) {
-  for (int j = 0; j < c.topk; ++j) {
-    const int slot = r * c.topk + j;
-    if (!ok[slot]) continue;
-    const uint4 v = *reinterpret_cast<const uint4*>(rows + slot * kDxTile + c8);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float2 f = unpack_bf16x2(w[q]);
-      s[2 * q] += f.x;
-      s[2 * q + 1] += f.y;
-    }
-  }
-}
-
-// grid: ceil(T/64) · ceil(H/64), column tile fastest: a token tile's column tiles are neighbours, so the CTAs resident
-// together read whole dx_rows rows and share the tile's d_logits rows in L2. Dynamic shared memory:
-// the ring (Cfg::kSmemBytes), then, without split-K, the staged experts' part (dx_stage_bytes).
-// A = d_logits_split rows [T, 2·Ep] (K-major; with an f32 w_gate read twice: K column k >= 2·Ep is
-// column k − 2·Ep). dx of the tile: per 8 columns of a token, the experts' part (its slots in
-// order, from zero), then the router's part, rounded once: the sums and their order
-// dx_combine_kernel followed with the router's part from memory.
+// grid: (ceil(T/64), ceil(H/64)). A = d_logits_split rows [T, 2·Ep] (K-major; with an f32 w_gate
+// read twice: K column k >= 2·Ep is column k − 2·Ep). dx of the tile: per 8 columns of a token, the
+// experts' part (add_slots: its slots in order, from zero), then the router's part, rounded once:
+// the sums and their order dx_combine_kernel followed with the router's part from memory.
 template <bool kF32>
 __global__ void __launch_bounds__(kThreads) dx_router_combine_kernel(const GateGradParams p, const DxCombineParams c) {
-  using Cfg = Tile<kDxTile, kDxTile, 2, 2, Major::K, Major::MN>;
+  using Cfg = Tile<64, 64, 2, 2, Major::K, Major::MN>;
   dev::pdl_enter();
-  bf16* smem = reinterpret_cast<bf16*>(backward_smem);
-  bf16* rows = smem + Cfg::kSmemElems;
-  __shared__ uint8_t ok[kDxTile * moekit::kMaxTopk];  // the staged slots' flags
+  __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
   const int tid = int(threadIdx.x);
-  const int64_t n_tiles = (p.hidden + kDxTile - 1) / kDxTile;
-  const int64_t n0 = int64_t(blockIdx.x) % n_tiles * kDxTile, m0 = int64_t(blockIdx.x) / n_tiles * kDxTile;
-  const bool staged = c.splits == 1;
-  if (staged) stage_slot_rows(c, m0, n0, rows, ok, tid);
+  const int64_t m0 = int64_t(blockIdx.x) * 64, n0 = int64_t(blockIdx.y) * 64;
   const int64_t Ep = p.experts_padded, k_dim = (kF32 ? 4 : 2) * Ep;
   const KRows<64> a([&](int r) { return m0 + r < p.tokens ? p.d_logits_split + (m0 + r) * 2 * Ep : nullptr; },
                     p.d_logits_split, k_dim, 2 * Ep, tid);
@@ -242,10 +183,10 @@ __global__ void __launch_bounds__(kThreads) dx_router_combine_kernel(const GateG
     const MNRows<ExpertRows> b(ExpertRows{w, p.hidden, k_dim, p.experts, p.experts_padded}, w, n0, p.hidden, tid);
     k_loop(mma, smem, a, b, 0, k_tiles);
   }
-  // The router's 64 x 64 part into the ring's memory (k_loop ends with every copy landed, the
-  // staged pieces' group included, and a barrier: no warp reads the ring any more).
-  constexpr int kStride = kDxTile + 4;  // floats a row: float2 stores a quad apart land in distinct banks
-  static_assert(kDxTile * kStride * 4 <= Cfg::kSmemBytes, "the router's part fits the ring");
+  // The router's 64 x 64 part into the ring's memory (k_loop ends with every copy landed and a
+  // barrier: no warp reads the ring any more).
+  constexpr int kStride = 64 + 4;  // floats a row: float2 stores a quad apart land in distinct banks
+  static_assert(64 * kStride * 4 <= Cfg::kSmemBytes, "the router's part fits the ring");
   float* part = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int i = 0; i < Cfg::MI; ++i)
@@ -257,15 +198,12 @@ __global__ void __launch_bounds__(kThreads) dx_router_combine_kernel(const GateG
             make_float2(mma.acc[i][f][2 * h], mma.acc[i][f][2 * h + 1]);
   __syncthreads();
 #pragma unroll
-  for (int v = tid; v < kDxTile * 8; v += kThreads) {  // 8 columns of a token a step, 8 threads a row
+  for (int v = tid; v < 64 * 8; v += kThreads) {  // 8 columns of a token a step, 8 threads a row
     const int r = v / 8, c8 = (v % 8) * 8;
     const int64_t t = m0 + r, col = n0 + c8;
     if (t >= p.tokens || col >= p.hidden) continue;  // hidden is a multiple of 8
     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (staged)
-      add_staged_slots(c, rows, ok, r, c8, s);
-    else
-      add_slots(c, t, col, s);
+    add_slots(c, t, col, s);
 #pragma unroll
     for (int q = 0; q < 8; ++q) s[q] += part[r * kStride + c8 + q];
     store_dx(c, t, col, s);
