@@ -235,33 +235,6 @@ struct Epilogue<Mode::DGrad, Cfg> {
   }
   // dh and act_w rows are in sorted order (dw_partials is by assignment).
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
-  // The tile's h (g and u, columns [n0, n0 + BN) of its rows, also sorted) asked of the L2 when the
-  // tile's mainloop starts, so that store()'s first load of each row, an epilogue later, waits on the
-  // L2 and not on DRAM: a row's g and u pieces are 2 x BN·2 bytes, 128-byte lines, lane q of a quad
-  // takes every 4th line of its quad's 4 rows (h rows exist for every row of the layout, padding
-  // included; a set of all padding is skipped). Per-thread line prefetches: a bulk prefetch takes a
-  // uniform address, which per-thread rows turn into a loop over the lanes.
-  static __device__ __forceinline__ void prefetch_h(const Params& p, int32_t row0, int32_t n0, int warp, int lane,
-                                                    bool set1) {
-    if (p.h == nullptr) return;
-    constexpr int kLines = Cfg::kBlockN * 2 / 128;  // of g (and of u) in a row's piece
-    const int q = lane & 3;
-    const int32_t F = int32_t(p.n_dim);
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      if (m == 1 && !set1) break;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = row0 + m * kWgmmaM + acc_row(warp, lane, 2 * h);
-        const __nv_bfloat16* g_row = p.h + row * 2 * F;
-#pragma unroll
-        for (int l = q; l < 2 * kLines; l += 4) {  // lines 0 .. kLines - 1 of g, then of u
-          const int32_t n = n0 + (l % kLines) * 64;
-          if (n < F) dev::prefetch_l2_line(g_row + (l < kLines ? 0 : F) + n);
-        }
-      }
-    }
-  }
   // h, dh and act_w move as 16-byte rows (a lane quad: 64 contiguous bytes, whole sectors): each
   // lane loads the 8 columns [epi_store_col(g, q), +8) of g and of u, the quad transpose (its own
   // inverse) hands every lane the pairs of its accumulators, and the outputs go back the same way

@@ -96,10 +96,6 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Smem<Cfg
     }
     const TileCoord tile = tile_of(it.item, n_tiles);
     const int32_t row0 = tile.block * kBlockM;
-    const int32_t n0 = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
-    // Rows 64 .. 127 all padding (publish_tile's live bit 1): half the tensor work, no epilogue.
-    const bool set1 = (it.live >> 1) & 1;
-    if constexpr (M == Mode::DGrad) Epilogue<M, Cfg>::prefetch_h(p, row0, n0, warp, lane, set1);
     // This thread's rows: set m, half h. Loaded before the first stage's wait (the other
     // warpgroup's mainloop is running: the latency is hidden there).
     int32_t ids[2][2];
@@ -119,11 +115,14 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Smem<Cfg
     auto give_turn = [&] {
       if (lane == 0) ptx::mbar_arrive(sm.turn(wg ^ 1));
     };
+    // Rows 64 .. 127 all padding (publish_tile's live bit 1): half the tensor work, no epilogue.
+    const bool set1 = (it.live >> 1) & 1;
     if (set1)
       mma_tile_pair<Cfg, b_n_major(M), true>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, hook, give_turn);
     else
       mma_tile_pair<Cfg, b_n_major(M), false>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, hook, give_turn);
 
+    const int32_t n0 = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
 #pragma unroll
     for (int m = 0; m < 2; ++m)
 #pragma unroll
