@@ -23,11 +23,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-// A hint: the 128-byte line holding `p` into L2, one per thread (no uniform operand, so a warp's
-// 32 distinct lines are one instruction, where prefetch_l2_bulk's would be a loop over the lanes).
-__device__ __forceinline__ void prefetch_l2_line(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p) : "memory");
-}
 // A hint: `bytes` (a multiple of 16) from `src` (16-byte aligned) into L2, by one bulk request
 // that nothing waits for.
 __device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {

@@ -235,73 +235,35 @@ struct Epilogue<Mode::DGrad, Cfg> {
   }
   // dh and act_w rows are in sorted order (dw_partials is by assignment).
   __device__ __forceinline__ int32_t out_row(int32_t sorted_row, int32_t) const { return sorted_row; }
-  // The tile's h (g and u, columns [n0, n0 + BN) of its rows, also sorted) asked of the L2 when the
-  // tile's mainloop starts, so that store()'s first load of each row, an epilogue later, waits on the
-  // L2 and not on DRAM: a row's g and u pieces are 2 x BN·2 bytes, 128-byte lines, lane q of a quad
-  // takes every 4th line of its quad's 4 rows (h rows exist for every row of the layout, padding
-  // included; a set of all padding is skipped). Per-thread line prefetches: a bulk prefetch takes a
-  // uniform address, which per-thread rows turn into a loop over the lanes.
-  static __device__ __forceinline__ void prefetch_h(const Params& p, int32_t row0, int32_t n0, int warp, int lane,
-                                                    bool set1) {
-    if (p.h == nullptr) return;
-    constexpr int kLines = Cfg::kBlockN * 2 / 128;  // of g (and of u) in a row's piece
-    const int q = lane & 3;
-    const int32_t F = int32_t(p.n_dim);
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      if (m == 1 && !set1) break;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = row0 + m * kWgmmaM + acc_row(warp, lane, 2 * h);
-        const __nv_bfloat16* g_row = p.h + row * 2 * F;
-#pragma unroll
-        for (int l = q; l < 2 * kLines; l += 4) {  // lines 0 .. kLines - 1 of g, then of u
-          const int32_t n = n0 + (l % kLines) * 64;
-          if (n < F) dev::prefetch_l2_line(g_row + (l < kLines ? 0 : F) + n);
-        }
-      }
-    }
-  }
-  static constexpr int kGroups = kBlocks / kGroupBlocks, kQuads = kGroupBlocks / 4;  // 32-column quads a group
-  // One ⟨D, act⟩ group of a row's h: the lane's 8 columns [epi_store_col(., q), +8) of g and of u
-  // for each of the group's quads (zeros for a row that is not an assignment, or past F).
-  struct HGroup {
-    uint4 g[kQuads], u[kQuads];
-  };
-  static __device__ __forceinline__ void load_group(const Params& p, int64_t row, bool row_ok, int32_t n0, int grp,
-                                                    int q, HGroup& out) {
-    const int32_t F = int32_t(p.n_dim);
-    const __nv_bfloat16* g_row = p.h + row * 2 * F;
-#pragma unroll
-    for (int s = 0; s < kQuads; ++s) {
-      const int32_t n = n0 + epi_store_col(kQuads * grp + s, q);
-      out.g[s] = out.u[s] = make_uint4(0u, 0u, 0u, 0u);
-      if (row_ok && n < F) {
-        out.g[s] = *reinterpret_cast<const uint4*>(g_row + n);
-        out.u[s] = *reinterpret_cast<const uint4*>(g_row + F + n);
-      }
-    }
-  }
   // h, dh and act_w move as 16-byte rows (a lane quad: 64 contiguous bytes, whole sectors): each
   // lane loads the 8 columns [epi_store_col(g, q), +8) of g and of u, the quad transpose (its own
   // inverse) hands every lane the pairs of its accumulators, and the outputs go back the same way
   // (store_row_groups' layout). One ⟨D, act⟩ group's h loads in flight while the group before it
-  // is computed: 2 · 32 registers, beside the 128 accumulators. The rows of a tile form one chain:
-  // `first` holds this row's group 0 (loaded during the row before), and while this row's last
-  // group is computed the next row's group 0 is loaded into it (next_row < 0: none), so only the
-  // tile's first load waits on its own.
+  // is computed: 2 · 32 registers, beside the 128 accumulators.
   __device__ __forceinline__ void store(const Params& p, const float (&acc)[Cfg::kAccs], int h, int32_t id,
-                                        int32_t out_row, int32_t n0, int lane, HGroup& first, int64_t next_row,
-                                        bool next_ok) const {
+                                        int32_t out_row, int32_t n0, int lane) const {
+    constexpr int kGroups = kBlocks / kGroupBlocks, kQuads = kGroupBlocks / 4;  // 32-column quads a group
     const bool row_ok = id < p.num_assign;
     const float w = weights[h];
     const int q = lane & 3;
     const int32_t F = int32_t(p.n_dim);
     // The row's pointers once (64-bit row offsets), 32-bit columns after.
     const int64_t row = out_row;
+    const __nv_bfloat16* g_row = p.h + row * 2 * F;
     __nv_bfloat16* dg_row = p.dh ? p.dh + row * 2 * F : nullptr;
     __nv_bfloat16* aw_row = p.act_w ? p.act_w + row * F : nullptr;
     auto shfl = [](uint32_t v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); };
+    auto load = [&](int g, uint4 (&gv)[kQuads], uint4 (&uv)[kQuads]) {
+#pragma unroll
+      for (int s = 0; s < kQuads; ++s) {
+        const int32_t n = n0 + epi_store_col(kQuads * g + s, q);
+        gv[s] = uv[s] = make_uint4(0u, 0u, 0u, 0u);
+        if (row_ok && n < F) {
+          gv[s] = *reinterpret_cast<const uint4*>(g_row + n);
+          uv[s] = *reinterpret_cast<const uint4*>(g_row + F + n);
+        }
+      }
+    };
     // Columns [n, n + 8) of `row` (null: the output is not asked for, nothing stored). The
     // transpose runs whether or not: a shuffle under a branch on dh or act_w being there (uniform,
     // but not provably so) made ptxas keep the whole consumer's loop state in vector registers
@@ -310,21 +272,17 @@ struct Epilogue<Mode::DGrad, Cfg> {
       quad_transpose(x, q, shfl);  // every lane: the shuffles are warp-wide
       if (ok && row != nullptr) *reinterpret_cast<uint4*>(row + n) = make_uint4(x[0], x[1], x[2], x[3]);
     };
-    HGroup hg[2];
-    hg[0] = first;
+    uint4 gv[2][kQuads], uv[2][kQuads];
+    load(0, gv[0], uv[0]);
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
-      if (g + 1 < kGroups)
-        load_group(p, row, row_ok, n0, g + 1, q, hg[(g + 1) & 1]);
-      else if (next_row >= 0)
-        load_group(p, next_row, next_ok, n0, 0, q, first);
+      if (g + 1 < kGroups) load(g + 1, gv[(g + 1) & 1], uv[(g + 1) & 1]);
       float dot = 0.0f;
 #pragma unroll
       for (int s = 0; s < kQuads; ++s) {
         const int gq = kQuads * g + s;  // the 32-column quad of store_row_groups
-        const HGroup& cur = hg[g & 1];
-        uint32_t gx[4] = {cur.g[s].x, cur.g[s].y, cur.g[s].z, cur.g[s].w};
-        uint32_t ux[4] = {cur.u[s].x, cur.u[s].y, cur.u[s].z, cur.u[s].w};
+        uint32_t gx[4] = {gv[g & 1][s].x, gv[g & 1][s].y, gv[g & 1][s].z, gv[g & 1][s].w};
+        uint32_t ux[4] = {uv[g & 1][s].x, uv[g & 1][s].y, uv[g & 1][s].z, uv[g & 1][s].w};
         quad_transpose(gx, q, shfl);
         quad_transpose(ux, q, shfl);
         uint32_t dg[4], du[4], aw[4];

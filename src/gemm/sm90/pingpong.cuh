@@ -76,7 +76,6 @@ __device__ __forceinline__ void mma_tile_pair(float (&acc)[2][Cfg::kAccs], const
 template <Mode M, class Cfg>
 __device__ __forceinline__ void consume_pingpong(const Params& p, const Smem<Cfg>& sm, int32_t items, int32_t k_tiles) {
   static_assert(Cfg::kPingPong && !Cfg::kFp8 && !splits_k<M, Cfg>(), "ping-pong: bf16, every tile the whole K");
-  static_assert(M == Mode::DGrad, "the ping-pong consumers serve DGrad: its epilogue's rows form one chain");
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);  // warp-uniform (kernel.cuh)
   const int warp = (int(threadIdx.x) / 32) % 4, lane = int(threadIdx.x) % 32;
   const uint64_t desc_a0 = make_desc_k_sw128(sm.a(0));
@@ -97,10 +96,6 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Smem<Cfg
     }
     const TileCoord tile = tile_of(it.item, n_tiles);
     const int32_t row0 = tile.block * kBlockM;
-    const int32_t n0 = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
-    // Rows 64 .. 127 all padding (publish_tile's live bit 1): half the tensor work, no epilogue.
-    const bool set1 = (it.live >> 1) & 1;
-    if constexpr (M == Mode::DGrad) Epilogue<M, Cfg>::prefetch_h(p, row0, n0, warp, lane, set1);
     // This thread's rows: set m, half h. Loaded before the first stage's wait (the other
     // warpgroup's mainloop is running: the latency is hidden there).
     int32_t ids[2][2];
@@ -120,26 +115,22 @@ __device__ __forceinline__ void consume_pingpong(const Params& p, const Smem<Cfg
     auto give_turn = [&] {
       if (lane == 0) ptx::mbar_arrive(sm.turn(wg ^ 1));
     };
+    // Rows 64 .. 127 all padding (publish_tile's live bit 1): half the tensor work, no epilogue.
+    const bool set1 = (it.live >> 1) & 1;
     if (set1)
       mma_tile_pair<Cfg, b_n_major(M), true>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, hook, give_turn);
     else
       mma_tile_pair<Cfg, b_n_major(M), false>(acc, sm, desc_a0, desc_b0, k_tiles, pipe, lane, hook, give_turn);
 
-    // The tile's rows (set m, half h) in order, each row's h loads begun during the row before
-    // (Epilogue<DGrad>::store: one chain over the tile's 2 or 4 rows a thread).
-    auto sorted_row = [&](int r) { return row0 + (r >> 1) * kWgmmaM + acc_row(warp, lane, 2 * (r & 1)); };
-    const int rows = set1 ? 4 : 2;
-    typename Epilogue<M, Cfg>::HGroup first;
-    Epilogue<M, Cfg>::load_group(p, sorted_row(0), ids[0][0] < p.num_assign, n0, 0, lane & 3, first);
+    const int32_t n0 = tile.n_tile * cols_per_tile(M, Cfg::kBlockN);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      if (r >= rows) break;
-      const int m = r >> 1, h = r & 1;
-      const bool next = r + 1 < rows;
-      const int32_t next_id = next ? ids[(r + 1) >> 1][(r + 1) & 1] : 0;
-      epi[m].store(p, acc[m], h, ids[m][h], epi[m].out_row(sorted_row(r), ids[m][h]), n0, lane, first,
-                   next ? int64_t(sorted_row(r + 1)) : -1, next && next_id < p.num_assign);
-    }
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (m == 1 && !set1) continue;
+        const int32_t out_row = epi[m].out_row(row0 + m * kWgmmaM + acc_row(warp, lane, 2 * h), ids[m][h]);
+        epi[m].store(p, acc[m], h, ids[m][h], out_row, n0, lane);
+      }
   }
 }
 
