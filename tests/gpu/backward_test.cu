@@ -99,6 +99,11 @@ TEST_F(BackwardTest, RouterGradients) {
   check({33, 256, 128, 6, 2}, 0, options(SavedActivations::recompute, RouterGrad::gate), softmax_renorm(), {},
         DType::f32, true, /*pass_d_topk=*/false);
   check({33, 256, 128, 6, 2}, 0, no_dx, sigmoid_scaled, {}, DType::bf16, false, false);
+  // E = 72 > 64: d_w_gate's 128 x 128 tile, d_logits padded to 72 columns inside it; k = 16, the
+  // most slots dx_router_combine stages a token (its largest shared-memory use).
+  check({48, 256, 128, 72, 16}, 0, options(SavedActivations::h, RouterGrad::gate), softmax_renorm());
+  check({48, 256, 128, 72, 16}, 0, options(SavedActivations::recompute, RouterGrad::gate), sigmoid_grouped(), {},
+        DType::f32);
 }
 
 TEST_F(BackwardTest, F32WeightGradsAccumulated) {
@@ -136,10 +141,12 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
     RouterGrad router;
     int block_m;  // the forward's layout (0: the planner's)
   };
-  // Split-K of dx (decode), of dW and d_w_gate with the 64-row tile (512 rows an expert) and with
-  // the 128 x 256 one (2048). The layouts those tiles need are given, not left to the planner,
-  // whose cost model plans 32-row blocks at T = 1024 on this shape.
+  // Split-K of dx (decode; with RouterGrad::gate too, whose dx kernel then sums the partials
+  // unstaged), of dW and d_w_gate with the 64-row tile (512 rows an expert) and with the 128 x 256
+  // one (2048). The layouts those tiles need are given, not left to the planner, whose cost model
+  // plans 32-row blocks at T = 1024 on this shape.
   for (const Shape& sh : {Shape{{4, 256, 1024, 8, 2}, RouterGrad::logits, 0},
+                          Shape{{4, 256, 1024, 8, 2}, RouterGrad::gate, 0},
                           Shape{{1024, 256, 128, 4, 2}, RouterGrad::gate, 64},
                           Shape{{4096, 256, 128, 4, 2}, RouterGrad::gate, 128}}) {
     const uint64_t seed = fresh_seed();
@@ -147,7 +154,7 @@ TEST_F(BackwardTest, SplitKAndBitwiseDeterminism) {
     SCOPED_TRACE(name_of(sh.s, sh.block_m, o, seed));
     std::mt19937_64 rng(seed);
     BackwardRun run(forward_plan(sh.s, sh.block_m), o, make_case(sh.s, rng, sh.router, softmax_renorm()), stream, rng);
-    if (sh.router == RouterGrad::logits) {
+    if (sh.s.tokens == 4) {
       EXPECT_GT(run.plan.dx_splits, 1) << run.plan.str();
     } else {
       EXPECT_GT(run.plan.dw_splits, 1) << run.plan.str();
