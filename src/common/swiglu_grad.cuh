@@ -11,11 +11,12 @@ namespace moekit::dev {
 // σ(g) = 1 / (1 + e^-g) on the SFU: e^-g as 2^(-g·log2 e) (ex2.approx.ftz, relative error about
 // 2^-22, plus |g|·2^-23 from rounding the constant and the exponent's product) and the reciprocal
 // by rcp.approx.ftz (about 1 ulp): within |g|·2^-23 + 2^-21 of σ relative, checked on every float
-// (tests/gpu/swiglu_grad_test.cu, which derives it). Two FP32 instructions and two SFU operations where expf and a correctly rounded
-// reciprocal took ~13 (the DGrad epilogue runs 128 of these a thread a tile, on the issue slots
-// the other warpgroup's mainloop needs); the outputs are rounded to bf16 (u = 2^-8), so ~2^-20 of
-// relative error is nothing next to them (tests/gpu/backward_util.hpp, the bounds). The limits
-// hold: g -> -inf gives e^-g = inf and σ = 0 (all three outputs 0), g -> +inf σ = 1, NaN stays NaN.
+// (tests/gpu/swiglu_grad_test.cu, which derives it). Two FP32 instructions and two SFU operations
+// where expf and a correctly rounded reciprocal took ~13 (the DGrad epilogue runs 128 of these a
+// thread a tile, on the issue slots the other warpgroup's mainloop needs); the outputs are rounded
+// to bf16 (u = 2^-8), so ~2^-20 of relative error is nothing next to them
+// (tests/gpu/backward_util.hpp, the bounds). The limits hold: g -> -inf gives e^-g = inf and σ = 0
+// (all three outputs 0), g -> +inf σ = 1, NaN stays NaN.
 __device__ __forceinline__ float sigmoid_approx(float g) {
   float e, r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(g * -1.4426950408889634f));

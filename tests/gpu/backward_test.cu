@@ -104,6 +104,12 @@ TEST_F(BackwardTest, RouterGradients) {
   check({48, 256, 128, 72, 16}, 0, options(SavedActivations::h, RouterGrad::gate), softmax_renorm());
   check({48, 256, 128, 72, 16}, 0, options(SavedActivations::recompute, RouterGrad::gate), sigmoid_grouped(), {},
         DType::f32);
+  // router_grad's lane width follows E (1, 2, 4, 8 or 16 experts a lane): E = 200 and 300 take the
+  // 8- and 16-wide instances, which no smaller E reaches.
+  for (int64_t E : {200, 300}) {
+    check({24, 256, 128, E, 8}, 0, options(SavedActivations::recompute, RouterGrad::logits), softmax_renorm());
+    check({24, 256, 128, E, 8}, 0, options(SavedActivations::recompute, RouterGrad::logits), sigmoid_grouped());
+  }
 }
 
 TEST_F(BackwardTest, F32WeightGradsAccumulated) {

@@ -227,9 +227,9 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
     // past the expert's rows, or an id of no assignment) when its stage comes. One stage ahead,
     // the load's latency (an L2 round trip) had only one stage's copies to hide under when the
     // ring has room: the likely pace of the producer alone, a stage every ~1,060 cycles, about the
-    // tensor rate (docs/perf/NOTES.md, "Backward"). The
-    // stages go in pairs, even ones reading ids[0] and odd ones ids[1], each reloaded right after
-    // its use: a register copy between the two (id = id_next) would wait for the load at once.
+    // tensor rate (docs/perf/NOTES.md, "Backward"). The stages go in pairs, even ones reading
+    // ids[0] and odd ones ids[1], each reloaded right after its use: a register copy between the
+    // two (id = id_next) would wait for the load at once.
     auto load_id = [&](int32_t row0) -> int32_t {
       const int32_t r = row0 + my_row;
       return lane < 16 && r < k.end ? p.sorted_ids[r] : -1;
