@@ -157,16 +157,22 @@ struct Outputs {
 // Kernel choices a test makes instead of the planner's, each where the plan allows it. The
 // default keeps the planner's plan; mma_sync() runs every GEMM on the mma.sync tile (of tile_rows
 // rows where they divide block_m, 0: the planner's), wgmma(h, d, dx, dw) those asked for on the
-// wgmma kernels (h, D, dx: block_m 128; h: recomputed; dx: unsplit) and the rest on the mma.sync tile.
+// wgmma kernels (h, D, dx: block_m 128; h: recomputed; dx: unsplit) and the rest on the mma.sync tile;
+// kernels_of(b) the kernels and dx split of another plan b (of the same block_m).
 struct PlanOverride {
   bool planner = true;
   int tile_rows = 0;
   bool h_wgmma = false, d_wgmma = false, dx_wgmma = false, dw_wgmma = false;
+  int dx_splits = 0;  // 0: the planner's
   static PlanOverride mma_sync(int tile_rows = 0) { return {false, tile_rows}; }
   static PlanOverride wgmma(bool h, bool d, bool dx, bool dw) { return {false, 0, h, d, dx, dw}; }
+  static PlanOverride kernels_of(const BackwardPlan& b) {
+    return {false, b.tile_rows, b.h_wgmma, b.d_wgmma, b.dx_wgmma, b.dw_wgmma, b.dx_splits};
+  }
   void apply(BackwardPlan& p) const {
     if (planner) return;
     if (tile_rows && p.block_m % tile_rows == 0) p.tile_rows = tile_rows;
+    if (dx_splits) p.dx_splits = dx_splits;
     use_wgmma_gemms(p, h_wgmma, d_wgmma, dx_wgmma, dw_wgmma);
   }
 };
