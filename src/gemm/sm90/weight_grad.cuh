@@ -47,12 +47,6 @@ namespace moekit::kernels::gemm::sm90 {
 // columns each, filled in turn while the TMA stores the other), 1024-byte aligned: the store reads
 // them through the 128-byte swizzle, a function of the address.
 struct WeightGradCfg : Config<256, 4> {
-  // The producer holds an item and the next one (its work, its first ids, the claiming thread's
-  // decode in flight): 72 registers, as FP8's producer (64 spilled 80-96 bytes).
-  static constexpr int kProducerRegs = 88;
-  static constexpr int kConsumerRegs = 208;
-  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <= kLaunchRegs * kThreads,
-                "setmaxnreg must stay within the registers the CTA was launched with");
   static constexpr uint32_t kRowTableOffset = (kTurnBarOffset + 15) / 16 * 16;
   static constexpr uint32_t kRowTableBytes = kProducerThreads / 32 * 16 * 8;
   // Each item slot's decoded work (WeightGradWork, 32 bytes), beside the channel's {item, live}.
@@ -103,7 +97,8 @@ __device__ __forceinline__ WeightGradItem weight_grad_item(const KGroupedParams&
 struct KRange {
   int32_t first, end, k_tiles;
 };
-__device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightGradItem& w, int32_t start, int32_t count) {
+__device__ __forceinline__ KRange k_range(const KGroupedParams& p, const WeightGradItem& w) {
+  const int32_t start = p.expert_row_start[w.expert], count = p.expert_counts[w.expert];
   const int32_t tiles = (count + kBlockK - 1) / kBlockK, per_split = (tiles + p.splits - 1) / p.splits;
   const int32_t kt0 = w.split * per_split;
   const int32_t k_tiles = kt0 < tiles ? min(tiles - kt0, per_split) : 0;
@@ -121,31 +116,16 @@ struct WeightGradWork {
 };
 static_assert(sizeof(WeightGradWork) == WeightGradCfg::kWorkBytes, "a slot's work is two 16-byte words");
 
-// A claimed item on its way to the ring (the claiming thread's): its tile, and its expert's rows
-// loaded in decode_work and used only in post_work, so the loads' latency passes under whatever
-// the thread issues between the two.
-// (The tile is decoded again in post_work: a few integer operations, where keeping it would hold
-// four more registers in every producer thread across a stage.)
-struct PendingWork {
-  int32_t item;          // >= items: the end (the rest unset)
-  int32_t start, count;  // its expert's expert_row_start and expert_counts
-};
-__device__ __forceinline__ PendingWork decode_work(const KGroupedParams& p, int32_t item, int32_t items) {
-  PendingWork d{item, 0, 0};
-  if (item < items) {
-    const int32_t e = weight_grad_item(p, item).expert;
-    d.start = p.expert_row_start[e], d.count = p.expert_counts[e];
-  }
-  return d;
-}
-
-// The claiming thread: a decoded item into the ring's slot once the slot is free.
+// The claiming thread: `item` decoded into the ring's slot once the slot is free.
 template <class Cfg>
 __device__ __forceinline__ void post_work(const KGroupedParams& p, const Smem<Cfg>& sm, const ItemRing& ring,
-                                          const PendingWork& d, int32_t items) {
-  const int32_t item = d.item;
-  const WeightGradItem w = item < items ? weight_grad_item(p, item) : WeightGradItem{};
-  const KRange k = item < items ? k_range(p, w, d.start, d.count) : KRange{};
+                                          int32_t item, int32_t items) {
+  WeightGradItem w{};
+  KRange k{};
+  if (item < items) {
+    w = weight_grad_item(p, item);
+    k = k_range(p, w);
+  }
   post_slot(sm, ring, [&](uint32_t slot) {
     const uint32_t at = sm.base + Cfg::kWorkOffset + slot * Cfg::kWorkBytes;
     ptx::st_shared_v4_u32(at, {item, w.expert, w.split, w.m0});
@@ -235,52 +215,26 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
   const uint32_t gathered_row_bytes = uint32_t(gathered.stride) * 2u;
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
-  // Lane l < 16's id of its K row of the stage at row0 (-1: past the expert's rows), made a token
-  // row (id / topk; -1 also for an id of no assignment) when its stage comes.
-  auto load_id = [&](const KRange& k, int32_t row0) -> int32_t {
-    const int32_t r = row0 + my_row;
-    return lane < 16 && r < k.end ? p.sorted_ids[r] : -1;
-  };
-  // An item's first two stages' ids.
-  auto first_ids = [&](const KRange& k, int32_t (&ids)[2]) {
-    ids[0] = k.k_tiles > 0 ? load_id(k, k.first) : -1;
-    ids[1] = k.k_tiles > 1 ? load_id(k, k.first + kBlockK) : -1;
-  };
-  // The items run one ahead through the channel: while this item's first stage is issued, thread
-  // 0's next item is decoded (its claim an item old, its expert's rows loaded before the stage),
-  // then posted, and every producer thread takes it and loads its first ids, all under this
-  // item's remaining stages. Posted at the item's end instead, each boundary was a dependent
-  // chain (the claim's decode and its loads, the post, the take, the id loads) with no copy
-  // issued, on the ring's turnaround where an item has few K-tiles (docs/perf/NOTES.md, "Backward").
-  // Both warpgroups take every item (consume_weight_grad), the consumers at their own pace.
-  if (t == 0) post_work(p, sm, ring, decode_work(p, int32_t(blockIdx.x), items), items);
-  WeightGradWork work = take_work(sm, ring);
-  int32_t claimed = 0;  // thread 0: the item after the next, claimed an item before its decode
-  if (t == 0 && work.item < items) claimed = claim_item(p.tile_counter);
-  int32_t ids[2];
-  first_ids(work.k, ids);
-  while (work.item < items) {
-    PendingWork pending{};
-    if (t == 0) {
-      pending = decode_work(p, claimed, items);
-      if (claimed < items) claimed = claim_item(p.tile_counter);
-    }
-    WeightGradWork following;
-    int32_t following_ids[2];
-    auto take_following = [&] {
-      if (t == 0) post_work(p, sm, ring, pending, items);
-      following = take_work(sm, ring);
-      first_ids(following.k, following_ids);
-    };
+  int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
+  for (;;) {
+    if (t == 0) post_work(p, sm, ring, next, items);  // both warpgroups take every item (consume_weight_grad)
+    const WeightGradWork work = take_work(sm, ring);
+    if (work.item >= items) break;
+    if (t == 0) next = claim_item(p.tile_counter);  // claimed now: its latency hides under the item
     const WeightGradItem& w = work.w;
     const KRange& k = work.k;
-    // The ids are loaded two stages ahead: one stage ahead, the load's latency (an L2 round trip)
-    // had only one stage's copies to hide under when the ring has room: the likely pace of the
-    // producer alone, a stage every ~1,060 cycles, about the tensor rate (docs/perf/NOTES.md,
-    // "Backward"). The stages go in pairs, even ones reading ids[0] and odd ones ids[1], each
-    // reloaded right after its use: a register copy between the two (id = id_next) would wait for
-    // the load at once. (The following item's ids are copied into ids at the item's end, stages
-    // after their loads.)
+    // Lane l < 16's id of its K row, loaded two stages ahead and made a token row (id / topk; -1:
+    // past the expert's rows, or an id of no assignment) when its stage comes. One stage ahead,
+    // the load's latency (an L2 round trip) had only one stage's copies to hide under when the
+    // ring has room: the likely pace of the producer alone, a stage every ~1,060 cycles, about the
+    // tensor rate (docs/perf/NOTES.md, "Backward"). The stages go in pairs, even ones reading
+    // ids[0] and odd ones ids[1], each reloaded right after its use: a register copy between the
+    // two (id = id_next) would wait for the load at once.
+    auto load_id = [&](int32_t row0) -> int32_t {
+      const int32_t r = row0 + my_row;
+      return lane < 16 && r < k.end ? p.sorted_ids[r] : -1;
+    };
+    int32_t ids[2] = {k.k_tiles > 0 ? load_id(k.first) : -1, k.k_tiles > 1 ? load_id(k.first + kBlockK) : -1};
     // The gathered operand's rows at the tile's first column (its M or N offset).
     const uint64_t tile_cols = reinterpret_cast<uint64_t>(gathered.base + (kATokens ? w.m0 : w.n0));
     auto stage = [&](int32_t kt, int32_t& id) {
@@ -288,7 +242,7 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
       const bool has_row = id >= 0 && id < p.num_assign;
       const uint64_t src = has_row ? tile_cols + uint64_t(p.topk_div.div(uint32_t(id))) * gathered_row_bytes
                                    : reinterpret_cast<uint64_t>(kZeroRow[(blockIdx.x + uint32_t(my_row)) % kZeroRows]);
-      id = kt + 2 < k.k_tiles ? load_id(k, row0 + 2 * kBlockK) : -1;
+      id = kt + 2 < k.k_tiles ? load_id(row0 + 2 * kBlockK) : -1;
       __syncwarp();  // every lane has read the last stage's table
       if (lane < 16) ptx::st_shared_u64(table + uint32_t(lane) * 8u, src);
       __syncwarp();
@@ -298,14 +252,10 @@ __device__ __forceinline__ void produce_weight_grad(const KGroupedParams& p, con
       ptx::cp_async_arrive_noinc(sm.full(pipe.stage));
       pipe.advance();
     };
-    if (k.k_tiles == 0) take_following();
     for (int32_t kt = 0; kt < k.k_tiles; kt += 2) {
       stage(kt, ids[0]);
-      if (kt == 0) take_following();
       if (kt + 1 < k.k_tiles) stage(kt + 1, ids[1]);
     }
-    work = following;
-    ids[0] = following_ids[0], ids[1] = following_ids[1];
   }
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
 }
