@@ -24,7 +24,7 @@ inline constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
 inline constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
 inline constexpr int kProducerThreads = 128;  // one warpgroup: A gather (cp.async) + B (TMA)
 inline constexpr int kThreads = kConsumerThreads + kProducerThreads;
-inline constexpr int kItemSlots = 4;  // the work-item channel's ring (scheduler.cuh): the producer posts a tile ahead
+inline constexpr int kItemSlots = 2;  // the work-item channel's ring (scheduler.cuh)
 static_assert(kRowBytes == 128, "the 128B swizzle needs rows of exactly 128 bytes");
 // Registers per thread at launch: the one CTA of an SM shares its 65,536-register file (sm_90),
 // allocated in multiples of 8: 65536 / 384 = 170 -> 168. setmaxnreg then moves them between roles.
@@ -52,8 +52,8 @@ struct Config {
   static constexpr uint32_t kBOffset = kAOffset + STAGES * kABytes;
   static constexpr uint32_t kScaleOffset = kBOffset + STAGES * kBBytes;
   static constexpr uint32_t kBarOffset = kScaleOffset + STAGES * kScaleFloats * 4;  // full[STAGES], empty[STAGES]
-  // The work-item channel (scheduler.cuh): item_full[kItemSlots], item_empty[kItemSlots], then
-  // the kItemSlots slots of {item, live warpgroups} (int32 each).
+  // The work-item channel (scheduler.cuh): item_full[2], item_empty[2], then
+  // the two slots of {item, live warpgroups} (int32 each).
   static constexpr uint32_t kItemBarOffset = kBarOffset + 2 * STAGES * 8;
   static constexpr uint32_t kItemSlotOffset = kItemBarOffset + 2 * kItemSlots * 8;
   // Ping-pong: the consumer warpgroups' turn mbarriers, turn[2] (pingpong.cuh).
@@ -71,14 +71,12 @@ struct Config {
   // own read: weight_grad.cuh's take_work).
   static constexpr uint32_t kItemFullArrivals = 1;
   static constexpr uint32_t kItemEmptyArrivals = kThreads / 32;
-  // The producer publishes the next work item while its tile's first stage is in flight (claim,
-  // chunk, live ids) beside the tile's 8 row sources: bf16 128·80 + 256·208 = 63488 (at 64 or 72
-  // it spilled 4-64 bytes in 3-10 of the 13 bf16 kernels, ptxas's choices flipping with any
-  // change); FP8's producer also holds the block scales' sources at 72 and its consumers need
-  // 216 (128·72 + 256·216 = 64512, the whole launch). Both within the 384 × kLaunchRegs registers
-  // the CTA is launched with.
-  static constexpr int kProducerRegs = FP8 ? 72 : 80;
-  static constexpr int kConsumerRegs = FP8 ? 216 : 208;
+  // 128·64 + 256·216 = 63488 <= the 384 × kLaunchRegs registers the CTA is launched with. The producer
+  // needs 64 since it publishes work items (claim, two ids); the consumers fit 216 without a spill.
+  // FP8's producer also holds the block scales' sources: 72 (64 spilled; 128·72 + 256·216 = 64512,
+  // the whole launch).
+  static constexpr int kProducerRegs = FP8 ? 72 : 64;
+  static constexpr int kConsumerRegs = 216;
 
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
   static_assert(!FP8 || BN == 256, "the fp8 mainloop multiplies two n128 halves");

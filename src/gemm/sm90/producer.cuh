@@ -1,4 +1,4 @@
-// producer.cuh — the producer warpgroup of the Hopper expert GEMM (warpgroup 2, 72-80 registers):
+// producer.cuh — the producer warpgroup of the Hopper expert GEMM (warpgroup 2, 64 registers):
 // fills the ring of stages for every tile its CTA takes, and claims and publishes those tiles.
 //
 // B = BN rows of the expert's weights by TMA (one 4-D box: Up takes BN/2 gate rows and the same
@@ -52,22 +52,11 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
 
   Pipe<Cfg::kStages> pipe;
   ItemRing ring;
-  // The tiles run one ahead through the channel: the next tile is published (its chunk's
-  // block_expert and its live rows read), taken, and the one after it claimed while this tile's
-  // first stage is in flight, not after its last: at the boundary of two tiles that chain (two
-  // dependent L2 round trips after the claim's) had no load of the producer in flight, which a
-  // ping-pong tile's consumers, with no epilogue of their own to cover it, wait through.
-  if (publisher) publish_tile(p, sm, ring, int32_t(blockIdx.x), items, blocks, lane);
-  int32_t code = take_item(sm, ring, lane).item;
-  int32_t next = 0;  // thread 0: the item to publish next
-  if (tma_thread && code < items) next = claim_item(p.tile_counter);
-  while (code < items) {
-    int32_t following = items;
-    auto take_following = [&] {
-      if (publisher) publish_tile(p, sm, ring, __shfl_sync(0xffffffffu, next, 0), items, blocks, lane);
-      following = take_item(sm, ring, lane).item;
-      if (tma_thread && following < items) next = claim_item(p.tile_counter);
-    };
+  int32_t next = int32_t(blockIdx.x);  // thread 0: the item to publish next
+  for (;;) {
+    if (publisher) publish_tile(p, sm, ring, __shfl_sync(0xffffffffu, next, 0), items, blocks, lane);
+    const int32_t code = take_item(sm, ring, lane).item;
+    if (code >= items) break;
     const TileCoord tile = tile_of(code, int32_t(p.n_tiles));
     const KSlice ks = slice_of<M, Cfg>(p, tile, k_tiles);
     const int32_t row0 = tile.block * kBlockM;
@@ -108,14 +97,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
         }
       }
 
-    // Step i issues stage kt0 + i; the following tile is taken at step take_at, after the first
-    // stage (whose loads are then in flight), or at once for a tile of no K-tile. One call site:
-    // the publish inlined twice took ptxas past the producer's registers.
-    const int32_t take_at = ks.count > 0 ? 1 : 0;
-    for (int32_t i = 0; i < ks.count || i <= take_at; ++i) {
-      if (i == take_at) take_following();
-      if (i >= ks.count) continue;
-      const int32_t kt = ks.kt0 + i;
+    for (int32_t kt = ks.kt0; kt < ks.kt0 + ks.count; ++kt, pipe.advance()) {
       const uint32_t stage = pipe.stage;
       ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);  // the consumers released this stage
       const int32_t k0 = kt * kBlockK;
@@ -158,9 +140,10 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
                            b_scale_ok[j] ? 4u : 0u);
       }
       ptx::cp_async_arrive_noinc(sm.full(stage));
-      pipe.advance();
     }
-    code = following;
+    // The next claim once this tile's loads are issued: its round trip (and the publisher's read
+    // of two ids) overlaps the consumers' last stages.
+    if (tma_thread) next = claim_item(p.tile_counter);
   }
   ptx::cp_async_wait_all();  // leave no copy of this thread in flight when it exits
 }
