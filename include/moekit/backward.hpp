@@ -60,7 +60,7 @@ const char* router_grad_name(RouterGrad r);              // "none", "logits", "g
 // Split-K limits of the backward's reductions (each split writes FP32 partials, summed in fixed
 // order: no atomics, bitwise deterministic).
 inline constexpr int kMaxWeightGradSplits = 8;  // dW over each expert's rows
-inline constexpr int kMaxGateGradSplits = 8;    // d_w_gate over the T tokens
+inline constexpr int kMaxGateGradSplits = 16;   // d_w_gate over the T tokens
 // The tile the weight-gradient GEMMs are planned with: 128 x 128 outputs of dW (the wgmma
 // prefill tile), 64 sorted rows a K step.
 inline constexpr int kWeightGradTileM = 128, kWeightGradTileN = 128, kWeightGradTileK = 64;

@@ -6,7 +6,7 @@
 //                        (hi = bf16(d), lo = bf16(d − hi)), which feed the two gate GEMMs on the
 //                        tensor cores at nearly FP32 precision (hi + lo is d within 2^-16);
 //   d_w_gate_kernel    — d_w_gate [E, H] = Σ_t d_logits[t]ᵀ·x_t, K = 2T (each token's hi and lo
-//                        rows), 64 x 64 tiles, split-K partials with gate_splits > 1;
+//                        rows), 128 x 128 tiles where E > 64 (else 64 x 64), split-K partials with gate_splits > 1;
 //   dx_router_combine_kernel — dx [T, H] = Σ_j dx_rows + d_logits·w_gate: the router's part on the
 //                        tensor cores (K = the parts of d_logits times the parts of w_gate; bf16: w,
 //                        f32: its hi and lo parts), kept in FP32 through shared memory, and added to
@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backward/loaders.cuh"
 #include "backward/params.hpp"
@@ -114,22 +115,31 @@ struct TokenPairRows {
   __device__ __forceinline__ const bf16* operator()(int64_t k) const { return k < count ? x + (k >> 1) * hidden : nullptr; }
 };
 
-// grid: (ceil(E/64) x ceil(H/64), 1, S).
-__global__ void __launch_bounds__(kThreads) d_w_gate_kernel(const GateGradParams p) {
-  using Cfg = Tile<64, 64, 2, 2, Major::MN, Major::MN>;
+// d_w_gate's tile: 128 x 128 on 8 warps (64 x 32 each) where E fills it, else 64 x 64 on 4 warps
+// (Mixtral's E = 8 would leave 15 of 16 rows of the wide tile empty). The wide tile's warps make
+// 16 mma a k16 step for 6 ldmatrix (the narrow's 8 for 4), and its 96 KiB ring is dynamic.
+template <int BM>
+using GateTile = std::conditional_t<BM == 128, Tile<128, 128, 2, 4, Major::MN, Major::MN>,
+                                    Tile<64, 64, 2, 2, Major::MN, Major::MN>>;
+
+// grid: (ceil(E/BM) x ceil(H/BN), 1, S); dynamic shared memory GateTile<BM>::kSmemBytes.
+template <int BM>
+__global__ void __launch_bounds__(GateTile<BM>::kThreads, BM == 128 ? 2 : 4) d_w_gate_kernel(const GateGradParams p) {
+  using Cfg = GateTile<BM>;
+  constexpr int NT = Cfg::kThreads;
   dev::pdl_enter();
-  __shared__ __align__(128) bf16 smem[Cfg::kSmemElems];
+  bf16* smem = reinterpret_cast<bf16*>(backward_smem);
   const int tid = int(threadIdx.x);
-  const int64_t n_tiles = (p.hidden + 63) / 64;
-  const int64_t m0 = int64_t(blockIdx.x) / n_tiles * 64, n0 = int64_t(blockIdx.x) % n_tiles * 64;
+  const int64_t n_tiles = (p.hidden + Cfg::BN - 1) / Cfg::BN;
+  const int64_t m0 = int64_t(blockIdx.x) / n_tiles * Cfg::BM, n0 = int64_t(blockIdx.x) % n_tiles * Cfg::BN;
   const int split = int(blockIdx.z);
   const int64_t k_dim = 2 * p.tokens, k_tiles = (k_dim + kTileK - 1) / kTileK;
   const int64_t per_split = (k_tiles + p.splits - 1) / p.splits, kt0 = split * per_split;
   const int64_t count = kt0 < k_tiles ? (k_tiles - kt0 < per_split ? k_tiles - kt0 : per_split) : 0;
   // A row k = 2t + part is d_logits_split row t's part: [T, 2, Ep] read as [2T, Ep] (zero past E).
-  const MNRows<DenseRows> a(DenseRows{p.d_logits_split, p.experts_padded, k_dim}, p.d_logits_split, m0,
-                            p.experts_padded, tid);
-  const MNRows<TokenPairRows> b(TokenPairRows{p.x, p.hidden, k_dim}, p.x, n0, p.hidden, tid);
+  const MNRows<DenseRows, Cfg::BM, NT> a(DenseRows{p.d_logits_split, p.experts_padded, k_dim}, p.d_logits_split, m0,
+                                         p.experts_padded, tid);
+  const MNRows<TokenPairRows, Cfg::BN, NT> b(TokenPairRows{p.x, p.hidden, k_dim}, p.x, n0, p.hidden, tid);
   Mma<Cfg> mma(tid);
   k_loop(mma, smem, a, b, kt0, count);
   store_weight_tile(p.d_w_gate, mma, 0, split, m0, n0);
