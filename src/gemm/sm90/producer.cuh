@@ -118,9 +118,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
         }
       }
       if constexpr (!tma_a<M, Cfg>()) {
-        // COUNTER-EXPERIMENT (wrong DGrad, never merged): half of DGrad's A bytes (the chunks of the
-        // row's second 64 bytes copy nothing), every instruction kept.
-        const bool k_ok = k0 + chunk * 8 < p.k_dim && (M != Mode::DGrad || chunk < kChunksPerRow / 2);
+        const bool k_ok = k0 + chunk * 8 < p.k_dim;
         const uint32_t dst = sm.a(stage);
 #pragma unroll
         for (int i = 0; i < kPasses; ++i) {
