@@ -102,17 +102,14 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       ptx::mbar_wait(sm.empty(stage), pipe.phase ^ 1);  // the consumers released this stage
       const int32_t k0 = kt * kBlockK;
       if (tma_thread) {
-        ptx::mbar_arrive_expect_tx(sm.full(stage), (M == Mode::DGrad ? Cfg::kBBytes / 2 : Cfg::kBBytes) +
-                                                       (tma_a<M, Cfg>() ? Cfg::kABytes : 0u));
+        ptx::mbar_arrive_expect_tx(sm.full(stage), Cfg::kBBytes + (tma_a<M, Cfg>() ? Cfg::kABytes : 0u));
         // A box: (k0.., row0.., 0, 0), 128 rows of one stage; rows past max_rows read zeros.
         if constexpr (tma_a<M, Cfg>()) ptx::tma_load_4d(sm.a(stage), a_map, sm.full(stage), k0, row0, 0, 0);
         if constexpr (b_n_major(M)) {
           // N-major B: one box (b_row + 64j.., k0.., 0, expert) of 64 N values by 64 K rows per
           // panel (layout.hpp, mn_tile_offset); N past n_dim and K past k_dim read zeros.
 #pragma unroll
-          // COUNTER-EXPERIMENT (wrong DGrad, never merged): DGrad loads B's first 64-column panel
-          // only (half of B's bytes; the expected bytes below match).
-          for (int j = 0; j < (M == Mode::DGrad ? 1 : Cfg::kBlockN / 64); ++j)
+          for (int j = 0; j < Cfg::kBlockN / 64; ++j)
             ptx::tma_load_4d(sm.b(stage) + uint32_t(j) * kMnPanelBytes, b_map, sm.full(stage), b_row + 64 * j, k0, 0,
                              expert);
         } else {
