@@ -6,7 +6,8 @@
 //                        (hi = bf16(d), lo = bf16(d − hi)), which feed the two gate GEMMs on the
 //                        tensor cores at nearly FP32 precision (hi + lo is d within 2^-16);
 //   d_w_gate_kernel    — d_w_gate [E, H] = Σ_t d_logits[t]ᵀ·x_t, K = 2T (each token's hi and lo
-//                        rows), 128 x 128 tiles where E > 64 (else 64 x 64), split-K partials with gate_splits > 1;
+//                        rows), 128 x 128 tiles where E > 64 (else 64 x 64), split-K partials
+//                        with gate_splits > 1;
 //   dx_router_combine_kernel — dx [T, H] = Σ_j dx_rows + d_logits·w_gate: the router's part on the
 //                        tensor cores (K = the parts of d_logits times the parts of w_gate; bf16: w,
 //                        f32: its hi and lo parts), kept in FP32 through shared memory, and added to

@@ -74,7 +74,8 @@ struct Weights {
     const std::vector<ref::bf16> h13 = random_bf16(size_t(kE * 2 * kF * kH), rng, 1.0f / std::sqrt(float(kH)));
     const std::vector<ref::bf16> h2 = random_bf16(size_t(kE * kH * kF), rng, 1.0f / std::sqrt(float(kF)));
     std::vector<ref::fp8> q13(h13.size()), q2(h2.size());
-    std::vector<float> s13(size_t(kE * w13_scale_rows(kF) * fp8_blocks(kH))), s2(size_t(kE * fp8_blocks(kH) * fp8_blocks(kF)));
+    std::vector<float> s13(size_t(kE * w13_scale_rows(kF) * fp8_blocks(kH)));
+    std::vector<float> s2(size_t(kE * fp8_blocks(kH) * fp8_blocks(kF)));
     auto as_float = [](const std::vector<ref::bf16>& v) {
       std::vector<float> f(v.size());
       for (size_t i = 0; i < v.size(); ++i) f[i] = ref::to_float(v[i]);
@@ -105,8 +106,9 @@ class BatchInvarianceTest : public GpuTest {
     DeviceBuffer<float> wts(b.weights);
     DeviceBuffer<unsigned char> ws(workspace_bytes(plan));
     ws.poison(), y.poison();
-    experts_forward(plan, Tensor(x.ptr, DType::bf16, {T, kH}), w.of(plan.precision()), Tensor(ids.ptr, DType::i32, {T, kK}),
-                    Tensor(wts.ptr, DType::f32, {T, kK}), Tensor(y.ptr, DType::bf16, {T, kH}), ws.ptr, ws.count, stream);
+    experts_forward(plan, Tensor(x.ptr, DType::bf16, {T, kH}), w.of(plan.precision()),
+                    Tensor(ids.ptr, DType::i32, {T, kK}), Tensor(wts.ptr, DType::f32, {T, kK}),
+                    Tensor(y.ptr, DType::bf16, {T, kH}), ws.ptr, ws.count, stream);
     MK_CUDA_CHECK(cudaStreamSynchronize(stream));
     return rows(y.download(), kH, b.shared0, kShared);
   }
