@@ -75,10 +75,8 @@ struct Config {
   // needs 64 since it publishes work items (claim, two ids); the consumers fit 216 without a spill.
   // FP8's producer also holds the block scales' sources: 72 (64 spilled; 128·72 + 256·216 = 64512,
   // the whole launch).
-  // COUNTER-EXPERIMENT (never merged): the bf16 register split of the one-tile-ahead producer
-  // (c54e06f), 80 / 208, with no other change: was its loss the registers or the move?
-  static constexpr int kProducerRegs = FP8 ? 72 : 80;
-  static constexpr int kConsumerRegs = FP8 ? 216 : 208;
+  static constexpr int kProducerRegs = FP8 ? 72 : 64;
+  static constexpr int kConsumerRegs = 216;
 
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
   static_assert(!FP8 || BN == 256, "the fp8 mainloop multiplies two n128 halves");
