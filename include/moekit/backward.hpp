@@ -61,6 +61,10 @@ const char* router_grad_name(RouterGrad r);              // "none", "logits", "g
 // order: no atomics, bitwise deterministic).
 inline constexpr int kMaxWeightGradSplits = 8;  // dW over each expert's rows
 inline constexpr int kMaxGateGradSplits = 16;   // d_w_gate over the T tokens
+// d_w_gate's square output tile: 128 where E fills it, else 64 (Mixtral's E = 8 would leave most
+// of the wide tile's rows empty). The planner counts these tiles for gate_splits; the launch picks
+// the kernel instance by it.
+constexpr int gate_grad_tile(int64_t experts) { return experts > 64 ? 128 : 64; }
 // The tile the weight-gradient GEMMs are planned with: 128 x 128 outputs of dW (the wgmma
 // prefill tile), 64 sorted rows a K step.
 inline constexpr int kWeightGradTileM = 128, kWeightGradTileN = 128, kWeightGradTileK = 64;

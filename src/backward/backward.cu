@@ -301,8 +301,8 @@ void moe_backward(const BackwardPlan& plan, const BackwardInputs& in, const Rout
     gp.experts = int(E), gp.experts_padded = int(plan.experts_padded());
     gp.splits = plan.gate_splits;
     gp.d_w_gate = weight_out(grads.d_w_gate, ws.gate_partials, plan.gate_splits, false, E, H, 1);
-    const auto k = E > 64 ? tiled<kb::GateTile<128>, kb::d_w_gate_kernel<128>>()
-                          : tiled<kb::GateTile<64>, kb::d_w_gate_kernel<64>>();
+    const auto k = gate_grad_tile(E) == 128 ? tiled<kb::GateTile<128>, kb::d_w_gate_kernel<128>>()
+                                            : tiled<kb::GateTile<64>, kb::d_w_gate_kernel<64>>();
     launch_tiled("d_w_gate_kernel", k, dim3(unsigned(cdiv(E, k.bm) * cdiv(H, k.bn)), 1, unsigned(plan.gate_splits)),
                  gp, stream);
     if (plan.gate_splits > 1) launch_split_sum(ws.gate_partials, plan.gate_splits, grads.d_w_gate, false, stream);

@@ -36,7 +36,7 @@ int plan_backward_tile_rows(const MoeShape& s, int block_m) {
 }
 
 int plan_gate_grad_splits(const MoeShape& s, const DeviceInfo& device) {
-  const int64_t bm = s.experts > 64 ? 128 : 64;  // d_w_gate's square tile (backward/router_grad.cuh)
+  const int64_t bm = gate_grad_tile(s.experts);
   const int64_t tiles = ceil_div(s.experts, bm) * ceil_div(s.hidden, bm);
   return plan_splits(tiles, ceil_div(s.tokens, kWeightGradTileK), device.sm_count, kMaxGateGradSplits);
 }

@@ -161,7 +161,8 @@ TEST(BackwardWorkspace, RefusesBadBuffersAndBadPlans) {
            [](BackwardPlan& b) { b.up.precision = Precision::fp8; }, [](BackwardPlan& b) { b.dx_splits = 0; },
            [](BackwardPlan& b) { b.dx_splits = 2; },  // a wgmma dx config (block_m 128) writes whole rows
            [](BackwardPlan& b) { b.dw_splits = kMaxWeightGradSplits + 1; },
-           [](BackwardPlan& b) { b.gate_splits = 0; }}) {
+           [](BackwardPlan& b) { b.gate_splits = 0; },
+           [](BackwardPlan& b) { b.gate_splits = kMaxGateGradSplits + 1; }}) {
     BackwardPlan b = p;
     edit(b);
     EXPECT_TRUE(throws_naming([&] { backward_workspace_bytes(b); }, "plan")) << b.str();

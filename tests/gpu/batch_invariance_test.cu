@@ -76,13 +76,8 @@ struct Weights {
     std::vector<ref::fp8> q13(h13.size()), q2(h2.size());
     std::vector<float> s13(size_t(kE * w13_scale_rows(kF) * fp8_blocks(kH)));
     std::vector<float> s2(size_t(kE * fp8_blocks(kH) * fp8_blocks(kF)));
-    auto as_float = [](const std::vector<ref::bf16>& v) {
-      std::vector<float> f(v.size());
-      for (size_t i = 0; i < v.size(); ++i) f[i] = ref::to_float(v[i]);
-      return f;
-    };
-    ref::quantize_weight_blocks(as_float(h13).data(), 2 * kE, kF, kH, q13.data(), s13.data());
-    ref::quantize_weight_blocks(as_float(h2).data(), kE, kH, kF, q2.data(), s2.data());
+    ref::quantize_weight_blocks(to_float(h13).data(), 2 * kE, kF, kH, q13.data(), s13.data());
+    ref::quantize_weight_blocks(to_float(h2).data(), kE, kH, kF, q2.data(), s2.data());
     w13 = DeviceBuffer<ref::bf16>(h13), w2 = DeviceBuffer<ref::bf16>(h2);
     w13_q = DeviceBuffer<ref::fp8>(q13), w2_q = DeviceBuffer<ref::fp8>(q2);
     w13_s = DeviceBuffer<float>(s13), w2_s = DeviceBuffer<float>(s2);

@@ -60,12 +60,6 @@ struct Fp8Layer {
   std::vector<int32_t> ids;
 };
 
-std::vector<float> as_float(const std::vector<ref::bf16>& v) {
-  std::vector<float> f(v.size());
-  for (size_t i = 0; i < v.size(); ++i) f[i] = ref::to_float(v[i]);
-  return f;
-}
-
 Fp8Layer make_layer(const MoeShape& s, std::vector<int32_t> ids, std::mt19937_64& rng) {
   Fp8Layer L;
   L.s = s;
@@ -75,8 +69,8 @@ Fp8Layer make_layer(const MoeShape& s, std::vector<int32_t> ids, std::mt19937_64
   L.w13_q.resize(L.w13.size()), L.w2_q.resize(L.w2.size());
   L.w13_s.resize(size_t(s.experts * w13_scale_rows(s.inter) * fp8_blocks(s.hidden)));
   L.w2_s.resize(size_t(s.experts * fp8_blocks(s.hidden) * fp8_blocks(s.inter)));
-  ref::quantize_weight_blocks(as_float(L.w13).data(), 2 * s.experts, s.inter, s.hidden, L.w13_q.data(), L.w13_s.data());
-  ref::quantize_weight_blocks(as_float(L.w2).data(), s.experts, s.hidden, s.inter, L.w2_q.data(), L.w2_s.data());
+  ref::quantize_weight_blocks(to_float(L.w13).data(), 2 * s.experts, s.inter, s.hidden, L.w13_q.data(), L.w13_s.data());
+  ref::quantize_weight_blocks(to_float(L.w2).data(), s.experts, s.hidden, s.inter, L.w2_q.data(), L.w2_s.data());
   L.weights.resize(size_t(s.tokens * s.topk));
   for (auto& w : L.weights) w = float(rng() % 1000) / 1000.0f + 0.01f;
   L.ids = std::move(ids);

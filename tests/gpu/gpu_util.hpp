@@ -170,6 +170,11 @@ struct AlignedGemmInputs {
   }
 };
 
+inline std::vector<float> to_float(const std::vector<ref::bf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = ref::to_float(v[i]);
+  return f;
+}
 inline std::vector<double> to_double(const std::vector<ref::bf16>& v) {
   std::vector<double> d(v.size());
   for (size_t i = 0; i < v.size(); ++i) d[i] = ref::to_float(v[i]);
