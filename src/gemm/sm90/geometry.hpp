@@ -74,9 +74,11 @@ struct Config {
   // 128·64 + 256·216 = 63488 <= the 384 × kLaunchRegs registers the CTA is launched with. The producer
   // needs 64 since it publishes work items (claim, two ids); the consumers fit 216 without a spill.
   // FP8's producer also holds the block scales' sources: 72 (64 spilled; 128·72 + 256·216 = 64512,
-  // the whole launch).
-  static constexpr int kProducerRegs = FP8 ? 72 : 64;
-  static constexpr int kConsumerRegs = 216;
+  // the whole launch). The ping-pong (DGrad's) takes 80 / 208 (128·80 + 256·208 = 63488): measured
+  // 0.94-0.95x of its time at 64 / 216 (ncu's locked clock, H100; docs/perf/NOTES.md, "Backward",
+  // the register split); the cooperative kernels moved within ±1.5% with it, so they keep 64 / 216.
+  static constexpr int kProducerRegs = FP8 ? 72 : (PINGPONG ? 80 : 64);
+  static constexpr int kConsumerRegs = PINGPONG ? 208 : 216;
 
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
   static_assert(!FP8 || BN == 256, "the fp8 mainloop multiplies two n128 halves");
