@@ -60,10 +60,7 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
     const TileCoord tile = tile_of(code, int32_t(p.n_tiles));
     const KSlice ks = slice_of<M, Cfg>(p, tile, k_tiles);
     const int32_t row0 = tile.block * kBlockM;
-    // COUNTER-EXPERIMENT (tma2, never merged): an N-major B's boxes issued by lane 0 of warps 0..
-    // (box j by warp j), so thread 0 issues one box a stage, not BN / 64.
-    const bool box_thread = b_n_major(M) && lane == 0 && t / 32 < Cfg::kBlockN / 64;
-    const int32_t expert = tma_thread || box_thread ? p.block_expert[tile.block] : 0;
+    const int32_t expert = tma_thread ? p.block_expert[tile.block] : 0;
     const int32_t b_row = ks.n_tile * cols_per_tile(M, Cfg::kBlockN);
 
     // This thread's 8 source rows for the whole K loop (64-bit offsets: ids·H overflows 32 bits).
@@ -111,17 +108,15 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
         if constexpr (b_n_major(M)) {
           // N-major B: one box (b_row + 64j.., k0.., 0, expert) of 64 N values by 64 K rows per
           // panel (layout.hpp, mn_tile_offset); N past n_dim and K past k_dim read zeros.
+#pragma unroll
+          for (int j = 0; j < Cfg::kBlockN / 64; ++j)
+            ptx::tma_load_4d(sm.b(stage) + uint32_t(j) * kMnPanelBytes, b_map, sm.full(stage), b_row + 64 * j, k0, 0,
+                             expert);
         } else {
           // B box: (k0.., b_row.., half 0.., expert); rows past n_dim and K past k_dim read zeros.
           ptx::tma_load_4d(sm.b(stage), b_map, sm.full(stage), k0, b_row, 0, expert);
         }
       }
-      if constexpr (b_n_major(M))
-        if (box_thread) {
-          const int j = t / 32;
-          ptx::tma_load_4d(sm.b(stage) + uint32_t(j) * kMnPanelBytes, b_map, sm.full(stage), b_row + 64 * j, k0, 0,
-                           expert);
-        }
       if constexpr (!tma_a<M, Cfg>()) {
         const bool k_ok = k0 + chunk * 8 < p.k_dim;
         const uint32_t dst = sm.a(stage);
