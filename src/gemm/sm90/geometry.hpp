@@ -77,7 +77,7 @@ struct Config {
   // the whole launch). The ping-pong (DGrad's) takes 80 / 208 (128·80 + 256·208 = 63488): measured
   // 0.94-0.95x of its time at 64 / 216 (ncu's locked clock, H100; docs/perf/NOTES.md, "Backward",
   // the register split); the cooperative kernels moved within ±1.5% with it, so they keep 64 / 216.
-  static constexpr int kProducerRegs = FP8 ? 72 : 64;  // COUNTER-EXPERIMENT (c208): the ping-pong at 64 / 208
+  static constexpr int kProducerRegs = FP8 ? 72 : (PINGPONG ? 80 : 64);
   static constexpr int kConsumerRegs = PINGPONG ? 208 : 216;
 
   static_assert(BN == 128 || BN == 256, "wgmma wrappers exist for n128 and n256");
