@@ -119,17 +119,13 @@ __device__ __forceinline__ void produce(const Params& p, const CUtensorMap* b_ma
       }
       if constexpr (!tma_a<M, Cfg>()) {
         const bool k_ok = k0 + chunk * 8 < p.k_dim;
-        // Every src[i] is a real row (a row of no token reads row 0's place), so a copy's source is
-        // its row plus k_at with no select (a chunk past K copies nothing, from its row's start),
-        // and which copies are real is one mask (live) for the stage.
-        const uint64_t k_at = k_ok ? uint64_t(uint32_t(k0)) * 2u : 0u;
-        const uint32_t live = k_ok ? row_ok : 0u;
         const uint32_t dst = sm.a(stage);
 #pragma unroll
-        for (int i = 0; i < kPasses; ++i)
+        for (int i = 0; i < kPasses; ++i) {
+          const bool ok = k_ok && ((row_ok >> i) & 1u);
           ptx::cp_async16(dst + sw128_offset(uint32_t(row_in_pass + i * kRowsPerPass), uint32_t(chunk)),
-                          reinterpret_cast<const void*>(reinterpret_cast<uint64_t>(src[i]) + k_at),
-                          (live >> i) & 1u ? 16u : 0u);
+                          ok ? static_cast<const void*>(src[i] + k0) : static_cast<const void*>(p.a), ok ? 16u : 0u);
+        }
       }
       if constexpr (Cfg::kFp8) {
         const uint32_t sc = sm.scales(stage);
