@@ -75,8 +75,9 @@ struct Config {
   // needs 64 since it publishes work items (claim, two ids); the consumers fit 216 without a spill.
   // FP8's producer also holds the block scales' sources: 72 (64 spilled; 128·72 + 256·216 = 64512,
   // the whole launch). The ping-pong (DGrad's) takes 80 / 208 (128·80 + 256·208 = 63488): measured
-  // 0.94-0.95x of its time at 64 / 216 (ncu's locked clock, H100; docs/perf/NOTES.md, "Backward",
-  // the register split); the cooperative kernels moved within ±1.5% with it, so they keep 64 / 216.
+  // 0.94-0.95x of its time at 64 / 216, and 64 / 208 as slow as 64 / 216, so the gain is the
+  // producer's (ncu's locked clock, H100; docs/perf/NOTES.md, "Backward"): a ping-pong stage drains
+  // in half a cooperative one's time. The cooperative kernels moved within ±1.5%: they keep 64 / 216.
   static constexpr int kProducerRegs = FP8 ? 72 : (PINGPONG ? 80 : 64);
   static constexpr int kConsumerRegs = PINGPONG ? 208 : 216;
 
