@@ -168,14 +168,14 @@ void launch_sm90_expert_gemm(Mode mode, const Params& p, const ForwardPlan& plan
   fail("expert_gemm", "plan", "no compiled wgmma config has block_n " + std::to_string(block_n));
 }
 
-// Dx and UpH: the cooperative 128 x 256 tile. DGrad: ping-pong 128 x 128 tiles (pingpong.cuh), 7
+// Dx and UpH: the cooperative 128 x 256 tile. DGrad: ping-pong 128 x 128 tiles (pingpong.cuh), 6
 // stages of 32 KB, its SwiGLU-backward epilogue under the other warpgroup's mainloop.
 void launch_sm90_backward_gemm(Mode mode, const Params& p, int64_t max_blocks, int64_t experts, cudaStream_t stream) {
   if (max_blocks == 0) return;
   constexpr int kBlockN = 256, kPingPongN = 128;
   if (mode == Mode::DGrad) {
     const CUtensorMap b_map = make_b_map(mode, p, experts, kPingPongN);
-    return launch_instance<Mode::DGrad, kPingPongN, 7, false, true>(p, b_map, max_blocks, stream);
+    return launch_instance<Mode::DGrad, kPingPongN, 6, false, true>(p, b_map, max_blocks, stream);
   }
   const CUtensorMap b_map = make_b_map(mode, p, experts, kBlockN);
   if (mode == Mode::Dx)
