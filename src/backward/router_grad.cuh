@@ -116,9 +116,9 @@ struct TokenPairRows {
   __device__ __forceinline__ const bf16* operator()(int64_t k) const { return k < count ? x + (k >> 1) * hidden : nullptr; }
 };
 
-// d_w_gate's tile (moekit::gate_grad_tile picks BM): 128 x 128 on 8 warps (64 x 32 each), or 64 x
-// 64 on 4 warps. The wide tile's warps make
-// 16 mma a k16 step for 6 ldmatrix (the narrow's 8 for 4), and its 96 KiB ring is dynamic.
+// d_w_gate's tile (moekit::gate_grad_tile picks BM): 128 x 128 on 8 warps (64 x 32 each), or
+// 64 x 64 on 4 warps. The wide tile's warps make 16 mma a k16 step for 6 ldmatrix (the narrow's
+// 8 for 4), and its 96 KiB ring is dynamic.
 template <int BM>
 using GateTile = std::conditional_t<BM == 128, Tile<128, 128, 2, 4, Major::MN, Major::MN>,
                                     Tile<64, 64, 2, 2, Major::MN, Major::MN>>;

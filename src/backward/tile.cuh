@@ -28,6 +28,7 @@
 
 #include "backward/params.hpp"
 #include "common/async_copy.cuh"
+#include "common/sm90_limits.hpp"
 
 namespace moekit::kernels::backward {
 
@@ -58,7 +59,7 @@ struct Tile {
   static_assert(TM % 16 == 0 && TN % 16 == 0, "a warp holds whole m16 tiles and pairs of n8 fragments");
   static_assert(A == Major::K || BM % 64 == 0, "an MN-major tile is whole 64-column panels");
   static_assert(B == Major::K || BN % 64 == 0, "an MN-major tile is whole 64-column panels");
-  static_assert(kSmemBytes <= 227 * 1024, "the ring fits in a CTA's shared memory");
+  static_assert(kSmemBytes <= kSm90SmemPerBlockOptin, "the ring fits in a CTA's shared memory");
 };
 
 // The ring of the ragged and weight-gradient GEMMs: dynamic shared memory, Cfg::kSmemBytes (the

@@ -80,7 +80,7 @@ ForwardPlan tuning::plan_with(const MoeShape& shape, const GemmConfig& up, const
 }
 
 ForwardPlan plan_forward_with(const MoeShape& shape, const GemmConfig& up, const GemmConfig& down, int down_splits) {
-  return tuning::plan_with(shape, up, down, down_splits, tuning::kSm90SmemPerBlockOptin, tuning::kSm90SmCount);
+  return tuning::plan_with(shape, up, down, down_splits, kSm90SmemPerBlockOptin, tuning::kSm90SmCount);
 }
 
 ForwardPlan plan_forward(const MoeShape& shape, const DeviceInfo& device, Precision precision) {

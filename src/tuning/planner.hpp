@@ -7,16 +7,14 @@
 #include <cstdint>
 #include <string>
 
+#include "common/sm90_limits.hpp"
 #include "moekit/moe.hpp"
 
 namespace moekit::tuning {
 
-// Shared memory a block may opt into on every sm_90 part (H100 SXM/PCIe/NVL, H200, H800, H20:
-// 227 KB). Plans made without a device (plan_forward_with) size the router's kernels by it;
-// plan_forward uses the device's own value.
-inline constexpr int64_t kSm90SmemPerBlockOptin = 227 * 1024;
-// And the SMs they plan for: an H100 SXM's or an H200's (the router's tilings count CTAs against
-// them); plan_forward uses the device's own count.
+// Plans made without a device size the router's kernels by kSm90SmemPerBlockOptin
+// (common/sm90_limits.hpp) and count their CTAs against these SMs, an H100 SXM's or an H200's;
+// plan_forward uses the device's own count.
 inline constexpr int kSm90SmCount = 132;
 
 // Whether `c` can be an up config: any bf16 config; an fp8 tile must cover whole 128-column act

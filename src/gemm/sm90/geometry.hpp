@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/canon.hpp"  // MK_HD
+#include "common/sm90_limits.hpp"
 #include "gemm/params.hpp"
 
 namespace moekit::kernels::gemm::sm90 {
@@ -86,7 +87,7 @@ struct Config {
   static_assert(!PINGPONG || (BN == 128 && !FP8), "a ping-pong warpgroup holds 128 x 128 (2 x 64 accumulators), bf16");
   static_assert(BN % 64 == 0, "Up stores BN/2 columns in groups of 32 (the quad transpose)");
   static_assert(STAGES >= 3, "a consumer holds two stages (one wgmma group in flight): 3 stages at least");
-  static_assert(kSmemBytes <= 227 * 1024, "an sm_90 CTA has at most 227 KB of shared memory");
+  static_assert(kSmemBytes <= kSm90SmemPerBlockOptin, "an sm_90 CTA has at most 227 KB of shared memory");
   static_assert(kABytes % kSwizzleAtomBytes == 0 && kBBytes % kSwizzleAtomBytes == 0,
                 "every stage must start on a 1024-byte swizzle atom");
   static_assert(kBlockM * kBlockK / 8 == kProducerThreads * 8, "A gather: 8 chunks of 16 B per producer thread");

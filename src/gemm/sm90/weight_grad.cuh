@@ -56,7 +56,7 @@ struct WeightGradCfg : Config<256, 4> {
   static constexpr uint32_t kEpiChunkBytes = 16 * 64 * 2;
   static constexpr uint32_t kEpiStageBytes = 2 * kEpiChunkBytes;  // a warp's
   static constexpr size_t kSmemBytes = kEpiStageOffset + kConsumerThreads / 32 * kEpiStageBytes + kSwizzleAtomBytes;
-  static_assert(kSmemBytes <= 227 * 1024, "an sm_90 CTA has at most 227 KB of shared memory");
+  static_assert(kSmemBytes <= kSm90SmemPerBlockOptin, "an sm_90 CTA has at most 227 KB of shared memory");
   static_assert(kBlockN / 64 % 2 == 0, "a tile's 64-column chunks alternate between a warp's two: chunk c refills c - 2's");
 };
 inline constexpr int kWeightGradM = kBlockM, kWeightGradN = WeightGradCfg::kBlockN;
